@@ -1,0 +1,72 @@
+#include "proto/contract/op_signal.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+
+namespace hostkv {
+namespace {
+
+// Shared (not FUTEX_PRIVATE) futexes: the word lives in a segment mapped by
+// two processes.
+void FutexWakeAll(const std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE,
+          INT32_MAX, nullptr, nullptr, 0);
+}
+
+void FutexWait(const std::atomic<uint32_t>* word, uint32_t expected,
+               absl::Duration timeout) {
+  timespec ts = absl::ToTimespec(timeout);
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAIT,
+          expected, &ts, nullptr, 0);
+}
+
+}  // namespace
+
+void BeginOpSignal(OpSignal& signal, uint64_t op_id) {
+  signal.op_id.store(op_id, std::memory_order_seq_cst);
+  signal.progress.store(0, std::memory_order_seq_cst);
+}
+
+void PublishLayersDone(OpSignal& signal, uint32_t layers_done) {
+  signal.progress.store(layers_done, std::memory_order_seq_cst);
+  FutexWakeAll(&signal.progress);
+}
+
+void PublishFailure(OpSignal& signal) {
+  signal.progress.fetch_or(OpSignal::kFailedBit, std::memory_order_seq_cst);
+  FutexWakeAll(&signal.progress);
+}
+
+absl::Status WaitForLayers(const OpSignal& signal, uint64_t op_id,
+                           uint32_t layers, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    // Read progress before op_id: if op_id is still ours afterwards, the
+    // progress value belongs to our operation (see BeginOpSignal's order).
+    const uint32_t progress = signal.progress.load(std::memory_order_seq_cst);
+    if (signal.op_id.load(std::memory_order_seq_cst) != op_id) {
+      return absl::OkStatus();
+    }
+    if (progress & OpSignal::kFailedBit) {
+      return absl::AbortedError(
+          absl::StrCat("operation ", op_id, " was abandoned by the daemon after ",
+                       progress & ~OpSignal::kFailedBit, " layers"));
+    }
+    if (progress >= layers) return absl::OkStatus();
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("operation ", op_id, ": ", progress, " of ", layers,
+                       " layers done when the wait timed out"));
+    }
+    FutexWait(&signal.progress, progress, left);
+  }
+}
+
+}  // namespace hostkv

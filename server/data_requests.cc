@@ -1,0 +1,226 @@
+// RequestHandler: the data-path requests: slots, transfers and page access.
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/page_format.h"
+#include "proto/contract/status_macros.h"
+#include "server/pool_spec.h"
+#include "server/request_handler.h"
+#include "server/request_validation.h"
+
+namespace hostkv {
+
+absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
+    const v1::AllocRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  const uint32_t page_size = pool->geometry().page_size;
+  if (request.num_tokens() == 0 || request.num_tokens() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_tokens ", request.num_tokens(),
+        " is not a positive multiple of the pool's page_size ", page_size));
+  }
+  ASSIGN_OR_RETURN(std::vector<PageRun> runs,
+                   pool->allocator().Allocate(request.num_tokens() / page_size,
+                                              session->tag()));
+  v1::AllocResponse response;
+  response.mutable_pages()->Reserve(static_cast<int>(runs.size()));
+  for (const PageRun& run : runs) {
+    v1::PageRun* out = response.add_pages();
+    out->set_first_page(run.first_page);
+    out->set_num_pages(run.num_pages);
+  }
+  return response;
+}
+
+absl::StatusOr<RequestHandler::OwnedPages> RequestHandler::ResolveOwnedPages(
+    uint64_t session_id, const std::string& pool_name,
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& pages) {
+  OwnedPages owned;
+  ASSIGN_OR_RETURN(owned.session, sessions_->Get(session_id));
+  ASSIGN_OR_RETURN(owned.pool, pools_->Get(pool_name));
+  ASSIGN_OR_RETURN(owned.runs, ToPageRuns(pages));
+  RETURN_IF_ERROR(
+      owned.pool->allocator().CheckOwned(owned.runs, owned.session->tag()));
+  return owned;
+}
+
+absl::StatusOr<v1::FreeResponse> RequestHandler::Free(
+    const v1::FreeRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
+  ASSIGN_OR_RETURN(uint64_t freed, pool->allocator().Free(runs, session->tag()));
+  v1::FreeResponse response;
+  response.set_pages_freed(freed);
+  return response;
+}
+
+absl::StatusOr<v1::TransferResponse> RequestHandler::Load(
+    const v1::TransferRequest& request) {
+  return Transfer(request, CopyDirection::kHostToDevice);
+}
+
+absl::StatusOr<v1::TransferResponse> RequestHandler::Backup(
+    const v1::TransferRequest& request) {
+  return Transfer(request, CopyDirection::kDeviceToHost);
+}
+
+absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
+    const v1::TransferRequest& request, CopyDirection direction) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(OwnedPages owned,
+                   ResolveOwnedPages(request.session_id(), request.pool(),
+                                     request.host_pages()));
+  const PoolGeometry& g = owned.pool->geometry();
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
+                   owned.session->GetImport(request.import_id()));
+  if (import->pool() != owned.pool) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "import ", request.import_id(), " was registered for pool '",
+        import->pool()->name(), "', not '", owned.pool->name(), "'"));
+  }
+  ASSIGN_OR_RETURN(std::vector<SlotSpan> device,
+                   ToDeviceSpans(request.device_slots(), import->token_slots()));
+  std::vector<SlotSpan> host = PagesToTokenSpans(owned.runs, g.page_size);
+  uint64_t host_tokens = CountPages(owned.runs) * g.page_size;
+  uint64_t device_tokens = 0;
+  for (const SlotSpan& span : device) device_tokens += span.count;
+  if (host_tokens != device_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_pages cover ", host_tokens, " tokens but device_slots cover ",
+        device_tokens));
+  }
+  const bool load = direction == CopyDirection::kHostToDevice;
+  RETURN_IF_ERROR(load ? CheckNoOverlap(device, "device_slots")
+                       : CheckNoOverlap(host, "host_pages"));
+  const uint32_t layer_end =
+      request.layer_end() == 0 ? g.num_layers : request.layer_end();
+  if (request.layer_begin() >= layer_end || layer_end > g.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers [", request.layer_begin(), ", ", layer_end,
+        ") are not a non-empty range within the pool's ", g.num_layers,
+        " layers"));
+  }
+  ASSIGN_OR_RETURN(CopyMechanism mechanism,
+                   ResolveMechanism(request.mechanism(),
+                                    owned.pool->info().spec().default_mechanism()));
+  auto op = std::make_unique<TransferOp>();
+  op->op_id = owned.session->NextOpId();
+  op->import = import;
+  op->signals = owned.session->signals();
+  op->layer_begin = request.layer_begin();
+  op->layer_end = layer_end;
+  op->task.geometry = g;
+  op->task.host_base = owned.pool->base();
+  op->task.layers = import->layers().data();
+  op->task.runs = ZipRuns(host, device);
+  op->task.IndexRuns();
+  op->task.direction = direction;
+  op->task.mechanism = mechanism;
+  ASSIGN_OR_RETURN(op->signal_index, op->signals->Claim(op->op_id));
+  v1::TransferResponse response;
+  response.set_op_id(op->op_id);
+  response.set_signal_index(op->signal_index);
+  response.set_layer_begin(op->layer_begin);
+  response.set_num_layers(layer_end - op->layer_begin);
+  response.set_num_tokens(host_tokens);
+  response.set_bytes(host_tokens * g.kv_planes() * g.token_stride() *
+                     response.num_layers());
+  RETURN_IF_ERROR(transfers_->Submit(std::move(op)));
+  return response;
+}
+
+absl::StatusOr<uint64_t> RequestHandler::CheckPageIoSize(const HostPool& pool,
+                                                         uint64_t pages) const {
+  const uint64_t page_bytes = pool.geometry().page_bytes();
+  if (pages > limits_.max_page_io_bytes / page_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        pages, " pages of ", page_bytes, " bytes exceed the limit of ",
+        limits_.max_page_io_bytes, " bytes per call; split the request"));
+  }
+  return pages * page_bytes;
+}
+
+absl::StatusOr<v1::ReadPagesResponse> RequestHandler::ReadPages(
+    const v1::ReadPagesRequest& request) {
+  ASSIGN_OR_RETURN(OwnedPages owned,
+                   ResolveOwnedPages(request.session_id(), request.pool(),
+                                     request.pages()));
+  ASSIGN_OR_RETURN(uint64_t bytes,
+                   CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
+  const PoolGeometry& g = owned.pool->geometry();
+  v1::ReadPagesResponse response;
+  std::string* data = response.mutable_data();
+  data->resize(bytes);
+  uint8_t* out = reinterpret_cast<uint8_t*>(data->data());
+  for (const PageRun& run : owned.runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      CopyPageToFlat(g, owned.pool->base(), p, out);
+      out += g.page_bytes();
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::WritePagesResponse> RequestHandler::WritePages(
+    const v1::WritePagesRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(OwnedPages owned,
+                   ResolveOwnedPages(request.session_id(), request.pool(),
+                                     request.pages()));
+  ASSIGN_OR_RETURN(uint64_t bytes,
+                   CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
+  if (request.data().size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data is ", request.data().size(), " bytes; ", CountPages(owned.runs),
+        " pages need exactly ", bytes));
+  }
+  RETURN_IF_ERROR(CheckNoOverlap(PagesToTokenSpans(owned.runs, 1), "pages"));
+  const PoolGeometry& g = owned.pool->geometry();
+  const uint8_t* in = reinterpret_cast<const uint8_t*>(request.data().data());
+  for (const PageRun& run : owned.runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      CopyFlatToPage(g, in, p, owned.pool->base());
+      in += g.page_bytes();
+    }
+  }
+  return v1::WritePagesResponse();
+}
+
+absl::StatusOr<v1::GetPageBufferMetaResponse> RequestHandler::GetPageBufferMeta(
+    const v1::GetPageBufferMetaRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
+  const PoolGeometry& g = pool->geometry();
+  std::vector<BufferPiece> pieces;
+  for (const PageRun& run : runs) {
+    if (run.first_page >= g.num_pages() ||
+        run.num_pages > g.num_pages() - run.first_page) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pages [", run.first_page, ", +", run.num_pages,
+          ") out of range: the pool has ", g.num_pages(), " pages"));
+    }
+    if (pieces.size() + run.num_pages * 2 * g.num_layers > kMaxRunsPerRequest) {
+      return absl::InvalidArgumentError(
+          "the request would list more than 2^20 pieces; split it");
+    }
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      AppendPageBufferPieces(g, p, &pieces);
+    }
+  }
+  v1::GetPageBufferMetaResponse response;
+  response.set_segment_name(pool->info().segment_name());
+  for (const BufferPiece& piece : pieces) {
+    v1::BufferPiece* out = response.add_pieces();
+    out->set_offset(piece.offset);
+    out->set_size(piece.size);
+  }
+  return response;
+}
+
+}  // namespace hostkv

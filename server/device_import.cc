@@ -1,0 +1,98 @@
+#include "server/device_import.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "proto/contract/status_macros.h"
+
+namespace hostkv {
+namespace {
+
+constexpr uint64_t kMaxDeviceTokenSlots = 1ull << 40;
+
+absl::Status CheckCounts(const PoolGeometry& g, const DeviceImportSpec& spec) {
+  if (spec.token_slots == 0 || spec.token_slots > kMaxDeviceTokenSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_slots must be in [1, 2^40], got ", spec.token_slots));
+  }
+  if (spec.k.size() != g.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k_buffers: the pool has ", g.num_layers, " layers, got ",
+        spec.k.size(), " buffers"));
+  }
+  const size_t want_v = g.attention == Attention::kMha ? g.num_layers : 0;
+  if (spec.v.size() != want_v) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "v_buffers: expected ", want_v, " for this ",
+        g.attention == Attention::kMha ? "MHA" : "MLA", " pool, got ",
+        spec.v.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DeviceImport::DeviceImport(std::shared_ptr<HostPool> pool, uint64_t token_slots)
+    : pool_(std::move(pool)), token_slots_(token_slots) {
+  pool_->imports().fetch_add(1);
+}
+
+DeviceImport::~DeviceImport() { pool_->imports().fetch_sub(1); }
+
+absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
+    std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,
+    const std::string& reserved_prefix) {
+  const PoolGeometry& g = pool->geometry();
+  RETURN_IF_ERROR(CheckCounts(g, spec));
+  // token_slots <= 2^40 and token_stride <= 2^28: no overflow.
+  const uint64_t need = spec.token_slots * g.token_stride();
+  std::unique_ptr<DeviceImport> import(
+      new DeviceImport(std::move(pool), spec.token_slots));
+  absl::flat_hash_map<std::string, size_t> opened;  // name -> segments_ index
+  import->layers_.resize(g.num_layers, LayerBuffers{{nullptr, nullptr}});
+  const std::vector<DeviceBufferRef>* planes[2] = {&spec.k, &spec.v};
+  for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      const DeviceBufferRef& ref = (*planes[kv])[l];
+      const std::string where =
+          absl::StrCat(kv == 0 ? "k_buffers[" : "v_buffers[", l, "]");
+      if (!IsValidShmName(ref.shm_name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": bad shm name '", ref.shm_name,
+            "' (want \"/\" then 1..200 of [A-Za-z0-9._-])"));
+      }
+      if (absl::StartsWith(ref.shm_name, reserved_prefix)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            where, ": segment ", ref.shm_name, " belongs to the daemon"));
+      }
+      if (ref.size < need) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": size ", ref.size, " is smaller than token_slots * ",
+            "token_stride = ", spec.token_slots, " * ", g.token_stride(),
+            " = ", need));
+      }
+      auto [it, inserted] = opened.try_emplace(ref.shm_name, import->segments_.size());
+      if (inserted) {
+        absl::StatusOr<ShmSegment> segment = ShmSegment::Open(ref.shm_name);
+        if (!segment.ok()) {
+          return absl::Status(segment.status().code(),
+                              absl::StrCat(where, ": ", segment.status().message()));
+        }
+        import->segments_.push_back(std::move(*segment));
+      }
+      const ShmSegment& segment = import->segments_[it->second];
+      if (ref.offset > segment.size() || ref.size > segment.size() - ref.offset) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": offset ", ref.offset, " + size ", ref.size,
+            " exceeds segment ", ref.shm_name, " of ", segment.size(), " bytes"));
+      }
+      import->layers_[l].plane[kv] = segment.data() + ref.offset;
+    }
+  }
+  return import;
+}
+
+}  // namespace hostkv

@@ -1,0 +1,54 @@
+#include "server/grpc_service.h"
+
+#include <utility>
+
+#include "proto/contract/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+namespace {
+
+// Moves a handler result into the gRPC response; logs refused requests at
+// debug level (a client's mistake is not the daemon's news).
+template <typename Response>
+grpc::Status Respond(const char* method, grpc::ServerContext* context,
+                     absl::StatusOr<Response> result, Response* response) {
+  if (!result.ok()) {
+    spdlog::debug("{} from {} refused: {}", method, context->peer(),
+                  result.status().ToString());
+    return ToGrpcStatus(result.status());
+  }
+  *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+#define HOSTKV_RPC(Method, Request, Response)                              \
+  grpc::Status GrpcService::Method(grpc::ServerContext* context,           \
+                                   const v1::Request* request,             \
+                                   v1::Response* response) {               \
+    return Respond(#Method, context, handler_->Method(*request), response); \
+  }
+HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
+HOSTKV_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
+HOSTKV_RPC(CreatePool, CreatePoolRequest, Pool)
+HOSTKV_RPC(GetPool, GetPoolRequest, Pool)
+HOSTKV_RPC(ListPools, ListPoolsRequest, ListPoolsResponse)
+HOSTKV_RPC(DeletePool, DeletePoolRequest, DeletePoolResponse)
+HOSTKV_RPC(RegisterDeviceBuffers, RegisterDeviceBuffersRequest,
+           RegisterDeviceBuffersResponse)
+HOSTKV_RPC(UnregisterDeviceBuffers, UnregisterDeviceBuffersRequest,
+           UnregisterDeviceBuffersResponse)
+HOSTKV_RPC(Alloc, AllocRequest, AllocResponse)
+HOSTKV_RPC(Free, FreeRequest, FreeResponse)
+HOSTKV_RPC(Load, TransferRequest, TransferResponse)
+HOSTKV_RPC(Backup, TransferRequest, TransferResponse)
+HOSTKV_RPC(ReadPages, ReadPagesRequest, ReadPagesResponse)
+HOSTKV_RPC(WritePages, WritePagesRequest, WritePagesResponse)
+HOSTKV_RPC(GetPageBufferMeta, GetPageBufferMetaRequest,
+           GetPageBufferMetaResponse)
+HOSTKV_RPC(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)
+#undef HOSTKV_RPC
+
+}  // namespace hostkv

@@ -1,0 +1,45 @@
+// The gRPC face of RequestHandler: unpacks, delegates, maps absl::Status to
+// grpc::Status. Nothing else.
+#ifndef HOSTKV_SERVER_GRPC_SERVICE_H_
+#define HOSTKV_SERVER_GRPC_SERVICE_H_
+
+#include "hostkv/v1/hostkv.grpc.pb.h"
+#include "server/request_handler.h"
+
+namespace hostkv {
+
+class GrpcService final : public v1::HostKV::Service {
+ public:
+  explicit GrpcService(RequestHandler* handler) : handler_(handler) {}
+
+#define HOSTKV_RPC(Method, Request, Response)                          \
+  grpc::Status Method(grpc::ServerContext* context, const v1::Request* \
+                      request, v1::Response* response) override;
+  HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
+  HOSTKV_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
+  HOSTKV_RPC(CreatePool, CreatePoolRequest, Pool)
+  HOSTKV_RPC(GetPool, GetPoolRequest, Pool)
+  HOSTKV_RPC(ListPools, ListPoolsRequest, ListPoolsResponse)
+  HOSTKV_RPC(DeletePool, DeletePoolRequest, DeletePoolResponse)
+  HOSTKV_RPC(RegisterDeviceBuffers, RegisterDeviceBuffersRequest,
+             RegisterDeviceBuffersResponse)
+  HOSTKV_RPC(UnregisterDeviceBuffers, UnregisterDeviceBuffersRequest,
+             UnregisterDeviceBuffersResponse)
+  HOSTKV_RPC(Alloc, AllocRequest, AllocResponse)
+  HOSTKV_RPC(Free, FreeRequest, FreeResponse)
+  HOSTKV_RPC(Load, TransferRequest, TransferResponse)
+  HOSTKV_RPC(Backup, TransferRequest, TransferResponse)
+  HOSTKV_RPC(ReadPages, ReadPagesRequest, ReadPagesResponse)
+  HOSTKV_RPC(WritePages, WritePagesRequest, WritePagesResponse)
+  HOSTKV_RPC(GetPageBufferMeta, GetPageBufferMetaRequest,
+             GetPageBufferMetaResponse)
+  HOSTKV_RPC(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)
+#undef HOSTKV_RPC
+
+ private:
+  RequestHandler* const handler_;
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_GRPC_SERVICE_H_

@@ -1,0 +1,41 @@
+#include "server/host_pool.h"
+
+#include <utility>
+
+#include "proto/contract/status_macros.h"
+#include "server/pool_spec.h"
+
+namespace hostkv {
+
+absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
+    const v1::PoolSpec& spec, const PoolGeometry& geometry,
+    const std::string& segment_name, unsigned prefault_threads,
+    BudgetReservation reservation) {
+  ASSIGN_OR_RETURN(ShmSegment segment,
+                   ShmSegment::Create(segment_name, geometry.total_bytes(), 0640));
+  segment.Prefault(prefault_threads);
+  v1::Pool info;
+  *info.mutable_spec() = NormalizePoolSpec(spec);
+  info.set_backend(v1::BACKEND_CPU);
+  info.set_pinned(false);
+  info.set_token_slots(geometry.token_slots);
+  info.set_num_pages(geometry.num_pages());
+  info.set_bytes_per_token(geometry.bytes_per_token());
+  info.set_page_bytes(geometry.page_bytes());
+  info.set_total_bytes(geometry.total_bytes());
+  info.set_token_stride(geometry.token_stride());
+  info.set_v_offset(geometry.kv_planes() == 2 ? geometry.plane_bytes() : 0);
+  info.set_segment_name(segment_name);
+  return std::unique_ptr<HostPool>(new HostPool(
+      std::move(info), geometry, std::move(segment), std::move(reservation)));
+}
+
+HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
+                   ShmSegment segment, BudgetReservation reservation)
+    : info_(std::move(info)),
+      geometry_(geometry),
+      segment_(std::move(segment)),
+      reservation_(std::move(reservation)),
+      allocator_(geometry.num_pages()) {}
+
+}  // namespace hostkv

@@ -1,0 +1,64 @@
+// One host KV pool: its shared-memory segment, its geometry and its slot
+// allocator. Pools belong to the daemon and outlive every engine session.
+#ifndef HOSTKV_SERVER_HOST_POOL_H_
+#define HOSTKV_SERVER_HOST_POOL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "hostkv/v1/hostkv.pb.h"
+#include "kernels/pool_geometry.h"
+#include "server/memory_budget.h"
+#include "server/shm_segment.h"
+#include "server/slot_allocator.h"
+
+namespace hostkv {
+
+// Thread-safe: the geometry and segment are fixed after creation; the
+// allocator and counters synchronize themselves. The page bytes are written
+// by copies, ordered by the slot ownership rules of the callers.
+class HostPool {
+ public:
+  // Creates the pool described by `spec` in a new shm segment named
+  // `segment_name`, pre-faulted with `prefault_threads` threads. Memory
+  // must already be reserved (`reservation`). Returns the segment's error
+  // (ResourceExhausted if /dev/shm is too small) on failure, having created
+  // nothing.
+  static absl::StatusOr<std::unique_ptr<HostPool>> Create(
+      const v1::PoolSpec& spec, const PoolGeometry& geometry,
+      const std::string& segment_name, unsigned prefault_threads,
+      BudgetReservation reservation);
+
+  const std::string& name() const { return info_.spec().name(); }
+  const PoolGeometry& geometry() const { return geometry_; }
+  // The pool as the API describes it.
+  const v1::Pool& info() const { return info_; }
+  uint8_t* base() const { return segment_.data(); }
+  SlotAllocator& allocator() { return allocator_; }
+  const SlotAllocator& allocator() const { return allocator_; }
+
+  // Device-buffer registrations that refer to this pool.
+  std::atomic<uint32_t>& imports() { return imports_; }
+  std::atomic<uint64_t>& completed_loads() { return loads_; }
+  std::atomic<uint64_t>& completed_backups() { return backups_; }
+
+ private:
+  HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,
+           BudgetReservation reservation);
+
+  const v1::Pool info_;
+  const PoolGeometry geometry_;
+  ShmSegment segment_;
+  BudgetReservation reservation_;
+  SlotAllocator allocator_;
+  std::atomic<uint32_t> imports_{0};
+  std::atomic<uint64_t> loads_{0};
+  std::atomic<uint64_t> backups_{0};
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_HOST_POOL_H_

@@ -1,0 +1,95 @@
+#include "server/pool_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "proto/contract/status_macros.h"
+#include "server/pool_spec.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+
+PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
+                           unsigned prefault_threads)
+    : budget_(budget),
+      segment_prefix_(std::move(segment_prefix)),
+      prefault_threads_(prefault_threads) {}
+
+absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
+    const v1::PoolSpec& spec, bool attach_if_exists) {
+  ASSIGN_OR_RETURN(const PoolGeometry geometry, ResolvePoolSpec(spec));
+  absl::MutexLock create_lock(&create_mu_);
+  if (absl::StatusOr<std::shared_ptr<HostPool>> existing = Get(spec.name());
+      existing.ok()) {
+    const bool same = google::protobuf::util::MessageDifferencer::Equals(
+        (*existing)->info().spec(), NormalizePoolSpec(spec));
+    if (attach_if_exists && same) return *existing;
+    return absl::AlreadyExistsError(absl::StrCat(
+        "pool '", spec.name(), "' already exists",
+        same ? "" : " with a different spec"));
+  }
+  const std::string what = absl::StrCat("pool '", spec.name(), "'");
+  RETURN_IF_ERROR(budget_->Reserve(what, geometry.total_bytes()));
+  BudgetReservation reservation(budget_, geometry.total_bytes());
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<HostPool> pool,
+      HostPool::Create(spec, geometry,
+                       absl::StrCat(segment_prefix_, "pool.", spec.name()),
+                       prefault_threads_, std::move(reservation)));
+  spdlog::info(
+      "pool '{}' created: {} {} page_size={} token_slots={} pages={} "
+      "bytes={} ({}) segment={} in {}",
+      spec.name(), geometry.attention == Attention::kMha ? "MHA" : "MLA",
+      HostLayoutName(geometry.layout), geometry.page_size, geometry.token_slots,
+      geometry.num_pages(), geometry.total_bytes(),
+      FormatBytes(geometry.total_bytes()), pool->info().segment_name(),
+      absl::FormatDuration(absl::Now() - start));
+  std::shared_ptr<HostPool> shared = std::move(pool);
+  absl::MutexLock lock(&mu_);
+  pools_[spec.name()] = shared;
+  return shared;
+}
+
+absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Get(
+    const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<HostPool>> PoolRegistry::List() const {
+  std::vector<std::shared_ptr<HostPool>> pools;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, pool] : pools_) pools.push_back(pool);
+  }
+  std::sort(pools.begin(), pools.end(),
+            [](const auto& a, const auto& b) { return a->name() < b->name(); });
+  return pools;
+}
+
+absl::Status PoolRegistry::Delete(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));
+  }
+  HostPool& pool = *it->second;
+  const uint64_t used = pool.allocator().num_pages() - pool.allocator().free_pages();
+  if (used != 0 || pool.imports().load() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", name, "' is in use: ", used, " pages allocated, ",
+        pool.imports().load(), " device-buffer registrations"));
+  }
+  pools_.erase(it);
+  spdlog::info("pool '{}' deleted", name);
+  return absl::OkStatus();
+}
+
+}  // namespace hostkv

@@ -1,0 +1,58 @@
+// The daemon's pools by name.
+#ifndef HOSTKV_SERVER_POOL_REGISTRY_H_
+#define HOSTKV_SERVER_POOL_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "hostkv/v1/hostkv.pb.h"
+#include "server/host_pool.h"
+#include "server/memory_budget.h"
+
+namespace hostkv {
+
+// Thread-safe. Pools are shared_ptrs so that copies in flight keep a deleted
+// pool's memory alive until they finish.
+class PoolRegistry {
+ public:
+  // Segments are named "<segment_prefix>pool.<name>".
+  PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
+               unsigned prefault_threads);
+
+  // Creates pool spec.name(). If it exists: returns it when attach_if_exists
+  // and the spec is identical, else AlreadyExists. Errors of
+  // ResolvePoolSpec, the budget (ResourceExhausted) or the segment.
+  absl::StatusOr<std::shared_ptr<HostPool>> Create(const v1::PoolSpec& spec,
+                                                   bool attach_if_exists)
+      ABSL_LOCKS_EXCLUDED(mu_, create_mu_);
+
+  // Returns NotFound if no pool has this name.
+  absl::StatusOr<std::shared_ptr<HostPool>> Get(const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // All pools, by name.
+  std::vector<std::shared_ptr<HostPool>> List() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Deletes an empty pool. NotFound if unknown; FailedPrecondition while
+  // pages are allocated or device buffers are registered against it.
+  absl::Status Delete(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  MemoryBudget* const budget_;
+  const std::string segment_prefix_;
+  const unsigned prefault_threads_;
+
+  absl::Mutex create_mu_;  // serializes creations (which can be slow)
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_POOL_REGISTRY_H_

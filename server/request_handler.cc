@@ -1,0 +1,183 @@
+// Sessions, pools, device-buffer registrations and stats. The data-path
+// requests (slots, transfers, pages) are in data_requests.cc.
+#include "server/request_handler.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/contract/status_macros.h"
+#include "server/request_validation.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+
+RequestHandler::RequestHandler(RequestLimits limits, MemoryBudget* budget,
+                               PoolRegistry* pools, SessionRegistry* sessions,
+                               TransferEngine* transfers)
+    : limits_(std::move(limits)),
+      budget_(budget),
+      pools_(pools),
+      sessions_(sessions),
+      transfers_(transfers) {}
+
+absl::Status RequestHandler::CheckServing() const {
+  if (shutting_down_.load()) {
+    return absl::UnavailableError("hostkvd is shutting down");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::OpenSessionResponse> RequestHandler::OpenSession(
+    const v1::OpenSessionRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  if (request.client_name().size() > 256) {
+    return absl::InvalidArgumentError("client_name is longer than 256 bytes");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Open(request.client_name(), request.pid()));
+  spdlog::info("session {:016x} opened: client='{}' pid={}", session->id(),
+               session->client_name(), session->pid());
+  v1::OpenSessionResponse response;
+  response.set_session_id(session->id());
+  response.set_signal_segment(session->signals()->name());
+  response.set_signal_slots(session->signals()->records());
+  return response;
+}
+
+absl::StatusOr<v1::CloseSessionResponse> RequestHandler::CloseSession(
+    const v1::CloseSessionRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Remove(request.session_id()));
+  session->signals()->Cancel();
+  session->signals()->AwaitIdle();
+  v1::CloseSessionResponse response;
+  response.set_imports_closed(
+      static_cast<uint32_t>(session->TakeImports().size()));
+  uint64_t pages = 0;
+  for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+    pages += pool->allocator().FreeAllOwnedBy(session->tag());
+  }
+  response.set_pages_freed(pages);
+  spdlog::info("session {:016x} closed: client='{}' freed {} pages, closed {} "
+               "imports, open for {}",
+               session->id(), session->client_name(), pages,
+               response.imports_closed(),
+               absl::FormatDuration(absl::Now() - session->opened()));
+  return response;
+}
+
+absl::StatusOr<v1::Pool> RequestHandler::CreatePool(
+    const v1::CreatePoolRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool,
+                   pools_->Create(request.spec(), request.attach_if_exists()));
+  return pool->info();
+}
+
+absl::StatusOr<v1::Pool> RequestHandler::GetPool(
+    const v1::GetPoolRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.name()));
+  return pool->info();
+}
+
+absl::StatusOr<v1::ListPoolsResponse> RequestHandler::ListPools(
+    const v1::ListPoolsRequest&) {
+  v1::ListPoolsResponse response;
+  for (const auto& pool : pools_->List()) *response.add_pools() = pool->info();
+  return response;
+}
+
+absl::StatusOr<v1::DeletePoolResponse> RequestHandler::DeletePool(
+    const v1::DeletePoolRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  RETURN_IF_ERROR(pools_->Delete(request.name()));
+  return v1::DeletePoolResponse();
+}
+
+absl::StatusOr<v1::RegisterDeviceBuffersResponse>
+RequestHandler::RegisterDeviceBuffers(
+    const v1::RegisterDeviceBuffersRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(DeviceImportSpec spec, ToDeviceImportSpec(request));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceImport> import,
+                   DeviceImport::OpenShm(pool, spec,
+                                         limits_.reserved_segment_prefix));
+  const uint64_t id = session->AddImport(std::move(import));
+  spdlog::info("session {:016x}: import {} opened for pool '{}' ({} layers, "
+               "{} token slots)",
+               session->id(), id, pool->name(), spec.k.size(), spec.token_slots);
+  v1::RegisterDeviceBuffersResponse response;
+  response.set_import_id(id);
+  return response;
+}
+
+absl::StatusOr<v1::UnregisterDeviceBuffersResponse>
+RequestHandler::UnregisterDeviceBuffers(
+    const v1::UnregisterDeviceBuffersRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  RETURN_IF_ERROR(session->RemoveImport(request.import_id()));
+  spdlog::info("session {:016x}: import {} closed", session->id(),
+               request.import_id());
+  return v1::UnregisterDeviceBuffersResponse();
+}
+
+absl::StatusOr<v1::GetPoolStatsResponse> RequestHandler::GetPoolStats(
+    const v1::GetPoolStatsRequest& request) {
+  std::vector<std::shared_ptr<HostPool>> pools;
+  if (request.pool().empty()) {
+    pools = pools_->List();
+  } else {
+    ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+    pools.push_back(std::move(pool));
+  }
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
+  v1::GetPoolStatsResponse response;
+  for (const std::shared_ptr<HostPool>& pool : pools) {
+    const PoolGeometry& g = pool->geometry();
+    const SlotAllocator& alloc = pool->allocator();
+    const uint64_t free_pages = alloc.free_pages();
+    const uint64_t used_pages = alloc.num_pages() - free_pages;
+    v1::PoolStats* stats = response.add_pools();
+    stats->set_name(pool->name());
+    stats->set_layout(pool->info().spec().layout());
+    stats->set_backend(pool->info().backend());
+    stats->set_pinned(pool->info().pinned());
+    stats->set_page_size(g.page_size);
+    stats->set_capacity_pages(alloc.num_pages());
+    stats->set_used_pages(used_pages);
+    stats->set_free_pages(free_pages);
+    stats->set_capacity_tokens(alloc.num_pages() * g.page_size);
+    stats->set_used_tokens(used_pages * g.page_size);
+    stats->set_free_tokens(free_pages * g.page_size);
+    stats->set_capacity_bytes(g.total_bytes());
+    stats->set_used_bytes(used_pages * g.page_bytes());
+    stats->set_free_bytes(free_pages * g.page_bytes());
+    stats->set_loads(pool->completed_loads().load());
+    stats->set_backups(pool->completed_backups().load());
+    const auto usage = alloc.UsageByOwner();
+    for (const std::shared_ptr<Session>& session : sessions) {
+      auto it = usage.find(session->tag());
+      const uint64_t pages = it == usage.end() ? 0 : it->second;
+      const auto imports = session->ImportsByPool();
+      auto imp = imports.find(pool->name());
+      const uint32_t import_count = imp == imports.end() ? 0 : imp->second;
+      if (pages == 0 && import_count == 0) continue;
+      v1::SessionUsage* su = stats->add_sessions();
+      su->set_session_id(session->id());
+      su->set_client_name(session->client_name());
+      su->set_pages(pages);
+      su->set_bytes(pages * g.page_bytes());
+      su->set_imports(import_count);
+    }
+  }
+  response.set_memory_budget_bytes(budget_->budget_bytes());
+  response.set_memory_reserved_bytes(budget_->reserved_bytes());
+  response.set_open_sessions(static_cast<uint32_t>(sessions.size()));
+  return response;
+}
+
+}  // namespace hostkv

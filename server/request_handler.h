@@ -1,0 +1,102 @@
+// Executes the hostkv.v1 requests against the daemon's state: validates
+// every field, then acts. No gRPC here (see grpc_service.h), so tests and
+// fuzzers drive it directly.
+#ifndef HOSTKV_SERVER_REQUEST_HANDLER_H_
+#define HOSTKV_SERVER_REQUEST_HANDLER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "hostkv/v1/hostkv.pb.h"
+#include "kernels/copy_plan.h"
+#include "server/memory_budget.h"
+#include "server/pool_registry.h"
+#include "server/session_registry.h"
+#include "server/transfer_engine.h"
+
+namespace hostkv {
+
+struct RequestLimits {
+  // Most bytes one ReadPages/WritePages call may move.
+  uint64_t max_page_io_bytes = 64ull << 20;
+  // Shared-memory names with this prefix belong to the daemon and cannot be
+  // registered as device buffers.
+  std::string reserved_segment_prefix = "/hostkv.";
+};
+
+// Thread-safe. Borrows its collaborators, which must outlive it.
+class RequestHandler {
+ public:
+  RequestHandler(RequestLimits limits, MemoryBudget* budget,
+                 PoolRegistry* pools, SessionRegistry* sessions,
+                 TransferEngine* transfers);
+
+  absl::StatusOr<v1::OpenSessionResponse> OpenSession(
+      const v1::OpenSessionRequest& request);
+  // Abandons the session's copies not yet started, waits for the running
+  // one, closes its imports and frees its pages.
+  absl::StatusOr<v1::CloseSessionResponse> CloseSession(
+      const v1::CloseSessionRequest& request);
+
+  absl::StatusOr<v1::Pool> CreatePool(const v1::CreatePoolRequest& request);
+  absl::StatusOr<v1::Pool> GetPool(const v1::GetPoolRequest& request);
+  absl::StatusOr<v1::ListPoolsResponse> ListPools(
+      const v1::ListPoolsRequest& request);
+  absl::StatusOr<v1::DeletePoolResponse> DeletePool(
+      const v1::DeletePoolRequest& request);
+
+  absl::StatusOr<v1::RegisterDeviceBuffersResponse> RegisterDeviceBuffers(
+      const v1::RegisterDeviceBuffersRequest& request);
+  absl::StatusOr<v1::UnregisterDeviceBuffersResponse> UnregisterDeviceBuffers(
+      const v1::UnregisterDeviceBuffersRequest& request);
+
+  absl::StatusOr<v1::AllocResponse> Alloc(const v1::AllocRequest& request);
+  absl::StatusOr<v1::FreeResponse> Free(const v1::FreeRequest& request);
+
+  absl::StatusOr<v1::TransferResponse> Load(const v1::TransferRequest& request);
+  absl::StatusOr<v1::TransferResponse> Backup(
+      const v1::TransferRequest& request);
+
+  absl::StatusOr<v1::ReadPagesResponse> ReadPages(
+      const v1::ReadPagesRequest& request);
+  absl::StatusOr<v1::WritePagesResponse> WritePages(
+      const v1::WritePagesRequest& request);
+  absl::StatusOr<v1::GetPageBufferMetaResponse> GetPageBufferMeta(
+      const v1::GetPageBufferMetaRequest& request);
+
+  absl::StatusOr<v1::GetPoolStatsResponse> GetPoolStats(
+      const v1::GetPoolStatsRequest& request);
+
+  // From now on, requests that would change state fail with Unavailable.
+  void BeginShutdown() { shutting_down_.store(true); }
+
+ private:
+  absl::Status CheckServing() const;
+  absl::StatusOr<v1::TransferResponse> Transfer(
+      const v1::TransferRequest& request, CopyDirection direction);
+  // The session, the pool, and the pages it owns in `runs`.
+  struct OwnedPages {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<HostPool> pool;
+    std::vector<PageRun> runs;
+  };
+  absl::StatusOr<OwnedPages> ResolveOwnedPages(
+      uint64_t session_id, const std::string& pool_name,
+      const google::protobuf::RepeatedPtrField<v1::PageRun>& pages);
+  absl::StatusOr<uint64_t> CheckPageIoSize(const HostPool& pool,
+                                           uint64_t pages) const;
+
+  const RequestLimits limits_;
+  MemoryBudget* const budget_;
+  PoolRegistry* const pools_;
+  SessionRegistry* const sessions_;
+  TransferEngine* const transfers_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_REQUEST_HANDLER_H_

@@ -1,0 +1,135 @@
+#include "server/request_validation.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "proto/contract/status_macros.h"
+
+namespace hostkv {
+
+namespace {
+
+absl::Status CheckRunCount(int count, const char* field) {
+  if (count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": no runs given"));
+  }
+  if (count > kMaxRunsPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", count, " runs exceed the limit of ", kMaxRunsPerRequest));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PageRun>> ToPageRuns(
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& runs) {
+  RETURN_IF_ERROR(CheckRunCount(runs.size(), "pages"));
+  std::vector<PageRun> out;
+  out.reserve(runs.size());
+  for (const v1::PageRun& run : runs) {
+    if (run.num_pages() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pages: empty run at page ", run.first_page()));
+    }
+    out.push_back({run.first_page(), run.num_pages()});
+  }
+  return out;
+}
+
+uint64_t CountPages(const std::vector<PageRun>& runs) {
+  uint64_t pages = 0;
+  for (const PageRun& run : runs) pages += run.num_pages;
+  return pages;
+}
+
+absl::StatusOr<std::vector<SlotSpan>> ToDeviceSpans(
+    const google::protobuf::RepeatedPtrField<v1::SlotRun>& runs,
+    uint64_t token_slots) {
+  RETURN_IF_ERROR(CheckRunCount(runs.size(), "device_slots"));
+  std::vector<SlotSpan> out;
+  out.reserve(runs.size());
+  for (const v1::SlotRun& run : runs) {
+    if (run.num_slots() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_slots: empty run at slot ", run.first_slot()));
+    }
+    if (run.first_slot() >= token_slots ||
+        run.num_slots() > token_slots - run.first_slot()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_slots [", run.first_slot(), ", +", run.num_slots(),
+          ") out of range: the device buffers have ", token_slots,
+          " token slots"));
+    }
+    out.push_back({run.first_slot(), run.num_slots()});
+  }
+  return out;
+}
+
+absl::Status CheckNoOverlap(std::vector<SlotSpan> spans, const char* side) {
+  std::sort(spans.begin(), spans.end(),
+            [](const SlotSpan& a, const SlotSpan& b) { return a.first < b.first; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i - 1].first + spans[i - 1].count > spans[i].first) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          side, ": slot ", spans[i].first,
+          " is a destination more than once in the request"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<SlotSpan> PagesToTokenSpans(const std::vector<PageRun>& runs,
+                                        uint32_t page_size) {
+  std::vector<SlotSpan> spans;
+  spans.reserve(runs.size());
+  for (const PageRun& run : runs) {
+    spans.push_back({run.first_page * page_size, run.num_pages * page_size});
+  }
+  return spans;
+}
+
+namespace {
+
+absl::StatusOr<DeviceBufferRef> ToBufferRef(const v1::DeviceBuffer& buffer,
+                                            const std::string& where) {
+  switch (buffer.handle_case()) {
+    case v1::DeviceBuffer::kShmName:
+      return DeviceBufferRef{buffer.shm_name(), buffer.offset(), buffer.size()};
+    case v1::DeviceBuffer::kCudaIpcHandle:
+      if (buffer.cuda_ipc_handle().size() != kCudaIpcHandleBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": cuda_ipc_handle must be ", kCudaIpcHandleBytes,
+            " bytes, got ", buffer.cuda_ipc_handle().size()));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": this daemon runs the CPU backend, which opens shared-memory "
+                 "buffers (shm_name); CUDA IPC imports are not implemented yet"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": set shm_name or cuda_ipc_handle"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceImportSpec> ToDeviceImportSpec(
+    const v1::RegisterDeviceBuffersRequest& request) {
+  DeviceImportSpec spec;
+  spec.token_slots = request.token_slots();
+  for (int i = 0; i < request.k_buffers_size(); ++i) {
+    ASSIGN_OR_RETURN(DeviceBufferRef ref,
+                     ToBufferRef(request.k_buffers(i),
+                                 absl::StrCat("k_buffers[", i, "]")));
+    spec.k.push_back(std::move(ref));
+  }
+  for (int i = 0; i < request.v_buffers_size(); ++i) {
+    ASSIGN_OR_RETURN(DeviceBufferRef ref,
+                     ToBufferRef(request.v_buffers(i),
+                                 absl::StrCat("v_buffers[", i, "]")));
+    spec.v.push_back(std::move(ref));
+  }
+  return spec;
+}
+
+}  // namespace hostkv

@@ -1,0 +1,53 @@
+// Checks and converts the fields of client requests, before anything is
+// touched. Everything here is pure: no daemon state.
+#ifndef HOSTKV_SERVER_REQUEST_VALIDATION_H_
+#define HOSTKV_SERVER_REQUEST_VALIDATION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "hostkv/v1/hostkv.pb.h"
+#include "kernels/copy_plan.h"
+#include "server/device_import.h"
+#include "server/slot_allocator.h"
+
+namespace hostkv {
+
+// Most runs one request may carry.
+inline constexpr int kMaxRunsPerRequest = 1 << 20;
+// CUDA's cudaIpcMemHandle_t is 64 bytes.
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+
+// Converts page runs. InvalidArgument if there are none, more than
+// kMaxRunsPerRequest, or a run is empty. (Ranges are checked by the pool's
+// allocator.)
+absl::StatusOr<std::vector<PageRun>> ToPageRuns(
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& runs);
+
+// Total pages of `runs` (no overflow: each run is within a pool).
+uint64_t CountPages(const std::vector<PageRun>& runs);
+
+// Converts device slot runs and checks each against `token_slots` rows.
+// InvalidArgument if none, too many, empty, or out of range.
+absl::StatusOr<std::vector<SlotSpan>> ToDeviceSpans(
+    const google::protobuf::RepeatedPtrField<v1::SlotRun>& runs,
+    uint64_t token_slots);
+
+// InvalidArgument naming `side` if two spans overlap.
+absl::Status CheckNoOverlap(std::vector<SlotSpan> spans, const char* side);
+
+// Host token spans of page runs.
+std::vector<SlotSpan> PagesToTokenSpans(const std::vector<PageRun>& runs,
+                                        uint32_t page_size);
+
+// Converts the buffers of a registration for the CPU backend.
+// InvalidArgument for a buffer without a handle or a CUDA handle that is not
+// 64 bytes; FailedPrecondition for a CUDA handle (the CPU backend opens
+// shared-memory names only).
+absl::StatusOr<DeviceImportSpec> ToDeviceImportSpec(
+    const v1::RegisterDeviceBuffersRequest& request);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_REQUEST_VALIDATION_H_

@@ -1,0 +1,161 @@
+#include "server/shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace hostkv {
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+int ScopedFd::release() {
+  int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+bool IsValidShmName(const std::string& name) {
+  if (name.size() < 2 || name.size() > 201 || name[0] != '/') return false;
+  if (name == "/." || name == "/..") return false;
+  for (size_t i = 1; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+namespace {
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
+    case EEXIST:
+      return absl::AlreadyExistsError(msg);
+    case ENOSPC:
+    case ENOMEM:
+    case EFBIG:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
+                                              uint64_t size, mode_t mode) {
+  if (!IsValidShmName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad shm name '", name, "'"));
+  }
+  ScopedFd fd(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, mode));
+  if (fd.get() < 0) return ErrnoStatus(errno, "shm_open " + name);
+  ShmSegment segment;
+  segment.name_ = name;
+  segment.unlink_ = true;  // from here on, failure removes the name
+  fchmod(fd.get(), mode);  // shm_open's mode is filtered by the umask
+  if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+      err != 0) {
+    return ErrnoStatus(
+        err, absl::StrCat("reserving ", size, " bytes of /dev/shm for ", name));
+  }
+  void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    fd.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
+  segment.data_ = static_cast<uint8_t*>(addr);
+  segment.size_ = size;
+  segment.owner_uid_ = geteuid();
+  return segment;
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name) {
+  if (!IsValidShmName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad shm name '", name, "'"));
+  }
+  ScopedFd fd(shm_open(name.c_str(), O_RDWR, 0));
+  if (fd.get() < 0) return ErrnoStatus(errno, "shm_open " + name);
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat " + name);
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm segment ", name, " is empty or not a regular file"));
+  }
+  void* addr = mmap(nullptr, static_cast<size_t>(st.st_size),
+                    PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
+  ShmSegment segment;
+  segment.name_ = name;
+  segment.data_ = static_cast<uint8_t*>(addr);
+  segment.size_ = static_cast<uint64_t>(st.st_size);
+  segment.owner_uid_ = st.st_uid;
+  return segment;
+}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    name_ = std::move(other.name_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    owner_uid_ = other.owner_uid_;
+    unlink_ = std::exchange(other.unlink_, false);
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() { Reset(); }
+
+void ShmSegment::Reset() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (unlink_) shm_unlink(name_.c_str());
+  data_ = nullptr;
+  size_ = 0;
+  unlink_ = false;
+}
+
+void ShmSegment::Prefault(unsigned threads) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (threads == 0) threads = 1;
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([this, t, threads, page] {
+      const uint64_t begin = size_ * t / threads / page * page;
+      const uint64_t end = t + 1 == threads ? size_ : size_ * (t + 1) / threads / page * page;
+      // Writing zero keeps the contents (fresh segments are zero) and makes
+      // the kernel allocate the page now.
+      for (uint64_t off = begin; off < end; off += page) {
+        reinterpret_cast<volatile uint8_t*>(data_)[off] = 0;
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
+}  // namespace hostkv

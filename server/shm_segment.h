@@ -1,0 +1,82 @@
+// POSIX shared-memory segments (/dev/shm) mapped into this process: the host
+// pools, the per-session signal records and, on the CPU backend, the
+// engines' device buffers.
+#ifndef HOSTKV_SERVER_SHM_SEGMENT_H_
+#define HOSTKV_SERVER_SHM_SEGMENT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace hostkv {
+
+// Owns a file descriptor; move-only.
+class ScopedFd {
+ public:
+  ScopedFd() = default;
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd();
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.release()) {}
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+
+  int get() const { return fd_; }
+  int release();
+
+ private:
+  int fd_ = -1;
+};
+
+// A mapping of a whole shared-memory segment. Not thread-safe to move;
+// the bytes themselves are shared with other processes.
+class ShmSegment {
+ public:
+  // Creates segment `name` ("/name") of `size` bytes with `mode`, reserves
+  // its memory (so a full /dev/shm fails here, not with SIGBUS later) and
+  // maps it read-write. The segment is unlinked when this object dies.
+  // Returns AlreadyExists if the name is taken, ResourceExhausted if the
+  // memory cannot be reserved.
+  static absl::StatusOr<ShmSegment> Create(const std::string& name,
+                                           uint64_t size, mode_t mode);
+
+  // Opens and maps an existing segment read-write (the caller's); the
+  // segment is not unlinked later. Returns NotFound, PermissionDenied or
+  // InvalidArgument (empty segment) with the reason.
+  static absl::StatusOr<ShmSegment> Open(const std::string& name);
+
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ~ShmSegment();
+
+  const std::string& name() const { return name_; }
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  uid_t owner_uid() const { return owner_uid_; }
+
+  // Touches every OS page with `threads` threads so that later copies do not
+  // fault.
+  void Prefault(unsigned threads);
+
+ private:
+  ShmSegment() = default;
+  void Reset();
+
+  std::string name_;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  uid_t owner_uid_ = 0;
+  bool unlink_ = false;
+};
+
+// True if `name` is a well-formed POSIX shm name: "/" then 1..200 of
+// [A-Za-z0-9._-], not "." or "..".
+bool IsValidShmName(const std::string& name);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_SHM_SEGMENT_H_

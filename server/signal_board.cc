@@ -1,0 +1,73 @@
+#include "server/signal_board.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/contract/status_macros.h"
+
+namespace hostkv {
+
+absl::StatusOr<std::shared_ptr<SignalBoard>> SignalBoard::Create(
+    const std::string& name, uint32_t records) {
+  ASSIGN_OR_RETURN(ShmSegment segment,
+                   ShmSegment::Create(name, uint64_t{records} * sizeof(OpSignal),
+                                      0640));
+  return std::shared_ptr<SignalBoard>(
+      new SignalBoard(std::move(segment), records));
+}
+
+SignalBoard::SignalBoard(ShmSegment segment, uint32_t records)
+    : segment_(std::move(segment)), records_(records), busy_(records, false) {}
+
+absl::StatusOr<uint32_t> SignalBoard::Claim(uint64_t op_id) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::UnavailableError("the session is closing");
+  if (in_flight_ == records_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", records_, " completion records of the session are in use by "
+        "operations in flight; wait for some to finish"));
+  }
+  while (busy_[next_]) next_ = (next_ + 1) % records_;
+  const uint32_t index = next_;
+  next_ = (next_ + 1) % records_;
+  busy_[index] = true;
+  ++in_flight_;
+  BeginOpSignal(record(index), op_id);
+  return index;
+}
+
+void SignalBoard::Publish(uint32_t index, uint32_t layers_done) {
+  PublishLayersDone(record(index), layers_done);
+}
+
+void SignalBoard::Finish(uint32_t index, bool failed) {
+  if (failed) PublishFailure(record(index));
+  absl::MutexLock lock(&mu_);
+  busy_[index] = false;
+  --in_flight_;
+}
+
+void SignalBoard::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+}
+
+bool SignalBoard::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void SignalBoard::AwaitIdle() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ == 0;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+uint32_t SignalBoard::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+}  // namespace hostkv

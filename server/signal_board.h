@@ -1,0 +1,69 @@
+// A session's per-operation completion records (OpSignal) in shared memory,
+// and which of them are in use.
+#ifndef HOSTKV_SERVER_SIGNAL_BOARD_H_
+#define HOSTKV_SERVER_SIGNAL_BOARD_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/contract/op_signal.h"
+#include "server/shm_segment.h"
+
+namespace hostkv {
+
+// Thread-safe. Shared by a session and its operations in flight, so it
+// outlives a session that closes while copies still run.
+class SignalBoard {
+ public:
+  // Creates segment `name` with `records` OpSignal records.
+  static absl::StatusOr<std::shared_ptr<SignalBoard>> Create(
+      const std::string& name, uint32_t records);
+
+  const std::string& name() const { return segment_.name(); }
+  uint32_t records() const { return records_; }
+
+  // Claims a free record for op_id and resets it (no layers done). Returns
+  // ResourceExhausted when every record belongs to an operation in flight,
+  // Unavailable once the board is cancelled.
+  absl::StatusOr<uint32_t> Claim(uint64_t op_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Publishes progress of the operation in record `index`.
+  void Publish(uint32_t index, uint32_t layers_done);
+
+  // Ends the operation in record `index` (after its last Publish, or with a
+  // failure mark) and makes the record reusable.
+  void Finish(uint32_t index, bool failed) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // No further claims; operations in flight should stop at the next layer.
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until no record is in use.
+  void AwaitIdle() ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint32_t in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  SignalBoard(ShmSegment segment, uint32_t records);
+  OpSignal& record(uint32_t index) const {
+    return reinterpret_cast<OpSignal*>(segment_.data())[index];
+  }
+
+  const ShmSegment segment_;
+  const uint32_t records_;
+
+  mutable absl::Mutex mu_;
+  std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_SIGNAL_BOARD_H_

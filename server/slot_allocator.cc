@@ -1,0 +1,179 @@
+#include "server/slot_allocator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace hostkv {
+
+SlotAllocator::SlotAllocator(uint64_t num_pages)
+    : num_pages_(num_pages), owner_(num_pages, kNoOwner) {
+  if (num_pages > 0) free_.emplace(0, num_pages);
+  free_pages_ = num_pages;
+}
+
+absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
+    uint64_t num_pages, OwnerTag owner) {
+  if (num_pages == 0) {
+    return absl::InvalidArgumentError("cannot allocate 0 pages");
+  }
+  absl::MutexLock lock(&mu_);
+  if (num_pages > free_pages_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool full: ", num_pages, " pages requested, ",
+                     free_pages_, " of ", num_pages_, " free"));
+  }
+  std::vector<PageRun> runs;
+  uint64_t left = num_pages;
+  while (left > 0) {
+    auto it = free_.begin();
+    const uint64_t first = it->first;
+    const uint64_t take = std::min(left, it->second);
+    if (take == it->second) {
+      free_.erase(it);
+    } else {
+      const uint64_t rest = it->second - take;
+      free_.erase(it);
+      free_.emplace(first + take, rest);
+    }
+    std::fill(owner_.begin() + first, owner_.begin() + first + take, owner);
+    runs.push_back({first, take});
+    left -= take;
+  }
+  free_pages_ -= num_pages;
+  usage_[owner] += num_pages;
+  return runs;
+}
+
+absl::Status SlotAllocator::CheckRange(const PageRun& run) const {
+  if (run.num_pages == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("empty page run at page ", run.first_page));
+  }
+  if (run.first_page >= num_pages_ ||
+      run.num_pages > num_pages_ - run.first_page) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pages [", run.first_page, ", +", run.num_pages,
+        ") out of range: the pool has ", num_pages_, " pages"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SlotAllocator::CheckOwnedLocked(const std::vector<PageRun>& runs,
+                                             OwnerTag owner) const {
+  for (const PageRun& run : runs) {
+    if (absl::Status s = CheckRange(run); !s.ok()) return s;
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != owner) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", p, owner_[p] == kNoOwner ? " is not allocated"
+                                              : " belongs to another session"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SlotAllocator::CheckOwned(const std::vector<PageRun>& runs,
+                                       OwnerTag owner) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckOwnedLocked(runs, owner);
+}
+
+absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
+                                             OwnerTag owner) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, owner); !s.ok()) return s;
+  // Mark pages free run by run; a page listed twice is found free the second
+  // time, and everything marked so far is given back to the owner.
+  uint64_t freed = 0;
+  size_t r = 0;
+  for (; r < runs.size(); ++r) {
+    const PageRun& run = runs[r];
+    bool duplicate = false;
+    uint64_t p = run.first_page;
+    for (; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != owner) {
+        duplicate = true;
+        break;
+      }
+      owner_[p] = kNoOwner;
+    }
+    if (duplicate) {
+      std::fill(owner_.begin() + run.first_page, owner_.begin() + p, owner);
+      for (size_t u = 0; u < r; ++u) {
+        std::fill(owner_.begin() + runs[u].first_page,
+                  owner_.begin() + runs[u].first_page + runs[u].num_pages,
+                  owner);
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat("page ", p, " is listed twice in the request"));
+    }
+    freed += run.num_pages;
+  }
+  for (const PageRun& run : runs) {
+    InsertFreeExtent(run.first_page, run.num_pages);
+  }
+  free_pages_ += freed;
+  if ((usage_[owner] -= freed) == 0) usage_.erase(owner);
+  return freed;
+}
+
+void SlotAllocator::InsertFreeExtent(uint64_t first, uint64_t count) {
+  auto next = free_.lower_bound(first);
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == first) {
+      first = prev->first;
+      count += prev->second;
+      free_.erase(prev);
+    }
+  }
+  if (next != free_.end() && first + count == next->first) {
+    count += next->second;
+    free_.erase(next);
+  }
+  free_.emplace(first, count);
+}
+
+uint64_t SlotAllocator::FreeAllOwnedBy(OwnerTag owner) {
+  absl::MutexLock lock(&mu_);
+  auto it = usage_.find(owner);
+  if (it == usage_.end()) return 0;
+  const uint64_t pages = it->second;
+  usage_.erase(it);
+  for (uint64_t p = 0; p < num_pages_;) {
+    if (owner_[p] != owner) {
+      ++p;
+      continue;
+    }
+    const uint64_t first = p;
+    while (p < num_pages_ && owner_[p] == owner) owner_[p++] = kNoOwner;
+    InsertFreeExtent(first, p - first);
+  }
+  free_pages_ += pages;
+  return pages;
+}
+
+uint64_t SlotAllocator::free_pages() const {
+  absl::MutexLock lock(&mu_);
+  return free_pages_;
+}
+
+uint64_t SlotAllocator::pages_owned_by(OwnerTag owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = usage_.find(owner);
+  return it == usage_.end() ? 0 : it->second;
+}
+
+absl::flat_hash_map<OwnerTag, uint64_t> SlotAllocator::UsageByOwner() const {
+  absl::MutexLock lock(&mu_);
+  return usage_;
+}
+
+size_t SlotAllocator::free_extents() const {
+  absl::MutexLock lock(&mu_);
+  return free_.size();
+}
+
+}  // namespace hostkv

@@ -1,0 +1,87 @@
+// Page-granular allocation of a host pool's token slots, with an owner per
+// page so that one session cannot free or touch another's pages.
+#ifndef HOSTKV_SERVER_SLOT_ALLOCATOR_H_
+#define HOSTKV_SERVER_SLOT_ALLOCATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace hostkv {
+
+// Pages [first_page, first_page + num_pages).
+struct PageRun {
+  uint64_t first_page;
+  uint64_t num_pages;
+  bool operator==(const PageRun& o) const {
+    return first_page == o.first_page && num_pages == o.num_pages;
+  }
+};
+
+// Identifies a session inside the allocator; 0 means "free".
+using OwnerTag = uint32_t;
+inline constexpr OwnerTag kNoOwner = 0;
+
+// Free pages are kept as coalesced extents, so allocations come back as few
+// runs, lowest pages first. Cost: O(pages + runs * log extents) per call.
+// Thread-safe.
+class SlotAllocator {
+ public:
+  explicit SlotAllocator(uint64_t num_pages);
+
+  // Allocates num_pages pages for `owner`. All or nothing: ResourceExhausted
+  // (saying how many are free) if fewer are free; InvalidArgument if
+  // num_pages is 0.
+  absl::StatusOr<std::vector<PageRun>> Allocate(uint64_t num_pages,
+                                                OwnerTag owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Frees pages owned by `owner`; returns how many. All or nothing:
+  // InvalidArgument for a run out of range or empty; FailedPrecondition for
+  // a page that is free, owned by someone else, or listed twice.
+  absl::StatusOr<uint64_t> Free(const std::vector<PageRun>& runs,
+                                OwnerTag owner) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK if every page of `runs` is in range and owned by `owner`; otherwise
+  // the error Free would give.
+  absl::Status CheckOwned(const std::vector<PageRun>& runs,
+                          OwnerTag owner) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Frees every page `owner` holds; returns how many.
+  uint64_t FreeAllOwnedBy(OwnerTag owner) ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t num_pages() const { return num_pages_; }
+  uint64_t free_pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t pages_owned_by(OwnerTag owner) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::flat_hash_map<OwnerTag, uint64_t> UsageByOwner() const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Number of free extents (a fragmentation measure).
+  size_t free_extents() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status CheckRange(const PageRun& run) const;
+  absl::Status CheckOwnedLocked(const std::vector<PageRun>& runs,
+                                OwnerTag owner) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void InsertFreeExtent(uint64_t first, uint64_t count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t num_pages_;
+
+  mutable absl::Mutex mu_;
+  std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);        // per page
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
+  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<OwnerTag, uint64_t> usage_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_SLOT_ALLOCATOR_H_

@@ -1,0 +1,85 @@
+#include "server/transfer_engine.h"
+
+#include <utility>
+
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+
+TransferEngine::TransferEngine(unsigned copy_threads)
+    : workers_(copy_threads == 0 ? 1 : copy_threads),
+      copier_(&workers_),
+      dispatcher_([this] { DispatchLoop(); }) {}
+
+TransferEngine::~TransferEngine() {
+  Drain();
+  dispatcher_.join();
+}
+
+absl::Status TransferEngine::Submit(std::unique_ptr<TransferOp> op) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    op->signals->Finish(op->signal_index, /*failed=*/true);
+    return absl::UnavailableError("the daemon is shutting down");
+  }
+  queue_.push_back(std::move(op));
+  return absl::OkStatus();
+}
+
+void TransferEngine::Drain() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !running_op_;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+uint64_t TransferEngine::queued() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size() + (running_op_ ? 1 : 0);
+}
+
+void TransferEngine::DispatchLoop() {
+  while (true) {
+    std::unique_ptr<TransferOp> op;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !queue_.empty() || stopping_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      running_op_ = true;
+    }
+    Run(*op);
+    op.reset();  // release the import and pool before reporting idle
+    absl::MutexLock lock(&mu_);
+    running_op_ = false;
+  }
+}
+
+void TransferEngine::Run(TransferOp& op) {
+  const uint32_t layers = op.layer_end - op.layer_begin;
+  for (uint32_t i = 0; i < layers; ++i) {
+    if (op.signals->cancelled()) {
+      spdlog::debug("op {} abandoned after {} of {} layers: session closed",
+                    op.op_id, i, layers);
+      op.signals->Finish(op.signal_index, /*failed=*/true);
+      return;
+    }
+    copier_.CopyLayer(op.task, op.layer_begin + i);
+    op.signals->Publish(op.signal_index, i + 1);
+  }
+  HostPool& pool = *op.import->pool();
+  if (op.task.direction == CopyDirection::kHostToDevice) {
+    pool.completed_loads().fetch_add(1);
+  } else {
+    pool.completed_backups().fetch_add(1);
+  }
+  op.signals->Finish(op.signal_index, /*failed=*/false);
+}
+
+}  // namespace hostkv

@@ -1,0 +1,67 @@
+// Runs loads and backups in the background: one operation at a time, layer
+// by layer, each layer spread over the copy threads, each layer signalled as
+// soon as it is copied.
+#ifndef HOSTKV_SERVER_TRANSFER_ENGINE_H_
+#define HOSTKV_SERVER_TRANSFER_ENGINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/copy_plan.h"
+#include "kernels/cpu_copy_engine.h"
+#include "kernels/worker_pool.h"
+#include "server/device_import.h"
+#include "server/host_pool.h"
+#include "server/signal_board.h"
+
+namespace hostkv {
+
+// Everything one operation needs; holds its pool, import and signal board
+// alive until it finishes.
+struct TransferOp {
+  uint64_t op_id = 0;
+  std::shared_ptr<DeviceImport> import;
+  std::shared_ptr<SignalBoard> signals;
+  uint32_t signal_index = 0;
+  uint32_t layer_begin = 0;
+  uint32_t layer_end = 0;
+  CopyTask task;
+};
+
+// Thread-safe.
+class TransferEngine {
+ public:
+  explicit TransferEngine(unsigned copy_threads);
+  ~TransferEngine();  // Drains, then stops.
+
+  // Enqueues `op` and returns. Unavailable once shutting down (the op's
+  // record is then finished as failed).
+  absl::Status Submit(std::unique_ptr<TransferOp> op) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Finishes the queued operations, then stops accepting new ones.
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t queued() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void DispatchLoop();
+  void Run(TransferOp& op);
+
+  WorkerPool workers_;
+  CpuCopyEngine copier_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::unique_ptr<TransferOp>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool running_op_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread dispatcher_;
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_TRANSFER_ENGINE_H_
