@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/copy_plan.h"
 #include "server/host_pool.h"
-#include "server/shm_segment.h"
+#include "proto/contract/shm_segment.h"
 
 namespace hostkv {
 

@@ -12,7 +12,7 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/pool_geometry.h"
 #include "server/memory_budget.h"
-#include "server/shm_segment.h"
+#include "proto/contract/shm_segment.h"
 #include "server/slot_allocator.h"
 
 namespace hostkv {

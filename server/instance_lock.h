@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/shm_segment.h"
+#include "proto/contract/shm_segment.h"
 
 namespace hostkv {
 

@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/contract/op_signal.h"
-#include "server/shm_segment.h"
+#include "proto/contract/shm_segment.h"
 
 namespace hostkv {
 

@@ -1,4 +1,4 @@
-#include "server/shm_segment.h"
+#include "proto/contract/shm_segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -93,11 +93,13 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
   return segment;
 }
 
-absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name) {
+absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name,
+                                            Access access) {
+  const bool writable = access == Access::kReadWrite;
   if (!IsValidShmName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("bad shm name '", name, "'"));
   }
-  ScopedFd fd(shm_open(name.c_str(), O_RDWR, 0));
+  ScopedFd fd(shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0));
   if (fd.get() < 0) return ErrnoStatus(errno, "shm_open " + name);
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat " + name);
@@ -106,7 +108,8 @@ absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name) {
         absl::StrCat("shm segment ", name, " is empty or not a regular file"));
   }
   void* addr = mmap(nullptr, static_cast<size_t>(st.st_size),
-                    PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+                    writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
+                    fd.get(), 0);
   if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
   ShmSegment segment;
   segment.name_ = name;

@@ -1,8 +1,8 @@
 // POSIX shared-memory segments (/dev/shm) mapped into this process: the host
 // pools, the per-session signal records and, on the CPU backend, the
-// engines' device buffers.
-#ifndef HOSTKV_SERVER_SHM_SEGMENT_H_
-#define HOSTKV_SERVER_SHM_SEGMENT_H_
+// engines' device buffers. Used by the daemon and the client alike.
+#ifndef HOSTKV_PROTO_CONTRACT_SHM_SEGMENT_H_
+#define HOSTKV_PROTO_CONTRACT_SHM_SEGMENT_H_
 
 #include <sys/types.h>
 
@@ -44,11 +44,15 @@ class ShmSegment {
   static absl::StatusOr<ShmSegment> Create(const std::string& name,
                                            uint64_t size, mode_t mode);
 
-  // Opens and maps an existing segment read-write (the caller's); the
+  // Opens and maps an existing segment, read-write or read-only; the
   // segment is not unlinked later. Returns NotFound, PermissionDenied or
   // InvalidArgument (empty segment) with the reason.
-  static absl::StatusOr<ShmSegment> Open(const std::string& name);
+  enum class Access { kReadOnly, kReadWrite };
+  static absl::StatusOr<ShmSegment> Open(const std::string& name,
+                                         Access access = Access::kReadWrite);
 
+  // An empty segment that maps nothing.
+  ShmSegment() = default;
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;
   ~ShmSegment();
@@ -63,7 +67,6 @@ class ShmSegment {
   void Prefault(unsigned threads);
 
  private:
-  ShmSegment() = default;
   void Reset();
 
   std::string name_;
@@ -79,4 +82,4 @@ bool IsValidShmName(const std::string& name);
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SHM_SEGMENT_H_
+#endif  // HOSTKV_PROTO_CONTRACT_SHM_SEGMENT_H_

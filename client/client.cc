@@ -1,0 +1,307 @@
+#include "hostkv/client.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "hostkv/v1/hostkv.grpc.pb.h"
+#include "proto/contract/grpc_status.h"
+#include "proto/contract/op_signal.h"
+#include "proto/contract/shm_segment.h"
+#include "proto/contract/status_macros.h"
+
+namespace hostkv {
+
+struct Client::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::HostKV::Stub> stub;
+  uint64_t session_id = 0;
+  bool open = false;
+  ShmSegment signals;  // read-only
+  uint32_t signal_slots = 0;
+
+  // Calls one unary method with a deadline and converts the status.
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Call(Method method, const Request& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+    Response response;
+    grpc::Status status = (stub.get()->*method)(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
+  }
+};
+
+namespace {
+
+void FillRuns(const std::vector<PageRange>& pages,
+              google::protobuf::RepeatedPtrField<v1::PageRun>* out) {
+  out->Reserve(static_cast<int>(pages.size()));
+  for (const PageRange& p : pages) {
+    v1::PageRun* run = out->Add();
+    run->set_first_page(p.first_page);
+    run->set_num_pages(p.num_pages);
+  }
+}
+
+}  // namespace
+
+uint64_t CountTokens(const std::vector<PageRange>& pages, uint32_t page_size) {
+  uint64_t tokens = 0;
+  for (const PageRange& p : pages) tokens += p.num_pages * page_size;
+  return tokens;
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() { Close().IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& target, const std::string& client_name) {
+  auto impl = std::make_unique<Impl>();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  impl->channel = grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), args);
+  if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() +
+                                       std::chrono::seconds(5))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach hostkvd at ", target,
+                     " (is it running? is the socket path right?)"));
+  }
+  impl->stub = v1::HostKV::NewStub(impl->channel);
+  v1::OpenSessionRequest request;
+  request.set_client_name(client_name);
+  request.set_pid(static_cast<uint32_t>(getpid()));
+  ASSIGN_OR_RETURN(v1::OpenSessionResponse response,
+                   (impl->Call<v1::OpenSessionRequest, v1::OpenSessionResponse>(
+                       &v1::HostKV::Stub::OpenSession, request)));
+  impl->session_id = response.session_id();
+  impl->open = true;
+  impl->signal_slots = response.signal_slots();
+  std::unique_ptr<Client> client(new Client(std::move(impl)));
+  absl::StatusOr<ShmSegment> signals = ShmSegment::Open(
+      response.signal_segment(), ShmSegment::Access::kReadOnly);
+  if (!signals.ok()) return signals.status();  // ~Client closes the session
+  if (signals->size() < uint64_t{response.signal_slots()} * sizeof(OpSignal)) {
+    return absl::InternalError("the signal segment is smaller than announced");
+  }
+  client->impl_->signals = std::move(*signals);
+  return client;
+}
+
+uint64_t Client::session_id() const { return impl_->session_id; }
+
+absl::Status Client::Close() {
+  if (!impl_->open) return absl::OkStatus();
+  impl_->open = false;
+  v1::CloseSessionRequest request;
+  request.set_session_id(impl_->session_id);
+  return impl_->Call<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+                 &v1::HostKV::Stub::CloseSession, request)
+      .status();
+}
+
+absl::StatusOr<v1::Pool> Client::CreatePool(const v1::PoolSpec& spec,
+                                            bool attach_if_exists) {
+  v1::CreatePoolRequest request;
+  *request.mutable_spec() = spec;
+  request.set_attach_if_exists(attach_if_exists);
+  return impl_->Call<v1::CreatePoolRequest, v1::Pool>(
+      &v1::HostKV::Stub::CreatePool, request);
+}
+
+absl::StatusOr<v1::Pool> Client::GetPool(const std::string& name) {
+  v1::GetPoolRequest request;
+  request.set_name(name);
+  return impl_->Call<v1::GetPoolRequest, v1::Pool>(&v1::HostKV::Stub::GetPool,
+                                                   request);
+}
+
+absl::StatusOr<std::vector<v1::Pool>> Client::ListPools() {
+  ASSIGN_OR_RETURN(v1::ListPoolsResponse response,
+                   (impl_->Call<v1::ListPoolsRequest, v1::ListPoolsResponse>(
+                       &v1::HostKV::Stub::ListPools, v1::ListPoolsRequest())));
+  return std::vector<v1::Pool>(response.pools().begin(), response.pools().end());
+}
+
+absl::Status Client::DeletePool(const std::string& name) {
+  v1::DeletePoolRequest request;
+  request.set_name(name);
+  return impl_->Call<v1::DeletePoolRequest, v1::DeletePoolResponse>(
+                 &v1::HostKV::Stub::DeletePool, request)
+      .status();
+}
+
+absl::StatusOr<uint64_t> Client::RegisterDeviceBuffers(
+    const std::string& pool, uint64_t token_slots,
+    const std::vector<v1::DeviceBuffer>& k,
+    const std::vector<v1::DeviceBuffer>& v) {
+  v1::RegisterDeviceBuffersRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_token_slots(token_slots);
+  for (const auto& b : k) *request.add_k_buffers() = b;
+  for (const auto& b : v) *request.add_v_buffers() = b;
+  ASSIGN_OR_RETURN(v1::RegisterDeviceBuffersResponse response,
+                   (impl_->Call<v1::RegisterDeviceBuffersRequest,
+                                v1::RegisterDeviceBuffersResponse>(
+                       &v1::HostKV::Stub::RegisterDeviceBuffers, request)));
+  return response.import_id();
+}
+
+absl::Status Client::UnregisterDeviceBuffers(uint64_t import_id) {
+  v1::UnregisterDeviceBuffersRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_import_id(import_id);
+  return impl_->Call<v1::UnregisterDeviceBuffersRequest,
+                     v1::UnregisterDeviceBuffersResponse>(
+                 &v1::HostKV::Stub::UnregisterDeviceBuffers, request)
+      .status();
+}
+
+absl::StatusOr<std::vector<PageRange>> Client::Alloc(const std::string& pool,
+                                                     uint64_t num_tokens) {
+  v1::AllocRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_num_tokens(num_tokens);
+  ASSIGN_OR_RETURN(v1::AllocResponse response,
+                   (impl_->Call<v1::AllocRequest, v1::AllocResponse>(
+                       &v1::HostKV::Stub::Alloc, request)));
+  std::vector<PageRange> pages;
+  pages.reserve(response.pages_size());
+  for (const v1::PageRun& run : response.pages()) {
+    pages.push_back({run.first_page(), run.num_pages()});
+  }
+  return pages;
+}
+
+absl::StatusOr<uint64_t> Client::Free(const std::string& pool,
+                                      const std::vector<PageRange>& pages) {
+  v1::FreeRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  FillRuns(pages, request.mutable_pages());
+  ASSIGN_OR_RETURN(v1::FreeResponse response,
+                   (impl_->Call<v1::FreeRequest, v1::FreeResponse>(
+                       &v1::HostKV::Stub::Free, request)));
+  return response.pages_freed();
+}
+
+absl::StatusOr<Operation> Client::Transfer(
+    bool load, const std::string& pool, uint64_t import_id,
+    const std::vector<PageRange>& host_pages,
+    const std::vector<SlotRange>& device_slots,
+    const TransferOptions& options) {
+  v1::TransferRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_import_id(import_id);
+  FillRuns(host_pages, request.mutable_host_pages());
+  request.mutable_device_slots()->Reserve(static_cast<int>(device_slots.size()));
+  for (const SlotRange& s : device_slots) {
+    v1::SlotRun* run = request.add_device_slots();
+    run->set_first_slot(s.first_slot);
+    run->set_num_slots(s.num_slots);
+  }
+  request.set_layer_begin(options.layer_begin);
+  request.set_layer_end(options.layer_end);
+  request.set_mechanism(options.mechanism);
+  ASSIGN_OR_RETURN(
+      v1::TransferResponse response,
+      (impl_->Call<v1::TransferRequest, v1::TransferResponse>(
+          load ? &v1::HostKV::Stub::Load : &v1::HostKV::Stub::Backup, request)));
+  if (response.signal_index() >= impl_->signal_slots) {
+    return absl::InternalError("the daemon returned a signal index out of range");
+  }
+  Operation op;
+  op.op_id = response.op_id();
+  op.signal_index = response.signal_index();
+  op.layer_begin = response.layer_begin();
+  op.num_layers = response.num_layers();
+  op.num_tokens = response.num_tokens();
+  op.bytes = response.bytes();
+  return op;
+}
+
+absl::StatusOr<Operation> Client::Load(const std::string& pool,
+                                       uint64_t import_id,
+                                       const std::vector<PageRange>& host_pages,
+                                       const std::vector<SlotRange>& device_slots,
+                                       const TransferOptions& options) {
+  return Transfer(true, pool, import_id, host_pages, device_slots, options);
+}
+
+absl::StatusOr<Operation> Client::Backup(
+    const std::string& pool, uint64_t import_id,
+    const std::vector<PageRange>& host_pages,
+    const std::vector<SlotRange>& device_slots, const TransferOptions& options) {
+  return Transfer(false, pool, import_id, host_pages, device_slots, options);
+}
+
+absl::Status Client::WaitLayer(const Operation& op, uint32_t layer,
+                               absl::Duration timeout) {
+  if (layer < op.layer_begin || layer - op.layer_begin >= op.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "operation ", op.op_id, " covers layers [", op.layer_begin, ", ",
+        op.layer_begin + op.num_layers, "), not ", layer));
+  }
+  const OpSignal& signal =
+      reinterpret_cast<const OpSignal*>(impl_->signals.data())[op.signal_index];
+  return WaitForLayers(signal, op.op_id, layer - op.layer_begin + 1, timeout);
+}
+
+absl::Status Client::Wait(const Operation& op, absl::Duration timeout) {
+  if (op.num_layers == 0) return absl::OkStatus();
+  return WaitLayer(op, op.layer_begin + op.num_layers - 1, timeout);
+}
+
+absl::StatusOr<std::string> Client::ReadPages(
+    const std::string& pool, const std::vector<PageRange>& pages) {
+  v1::ReadPagesRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  FillRuns(pages, request.mutable_pages());
+  ASSIGN_OR_RETURN(v1::ReadPagesResponse response,
+                   (impl_->Call<v1::ReadPagesRequest, v1::ReadPagesResponse>(
+                       &v1::HostKV::Stub::ReadPages, request)));
+  return std::move(*response.mutable_data());
+}
+
+absl::Status Client::WritePages(const std::string& pool,
+                                const std::vector<PageRange>& pages,
+                                const std::string& data) {
+  v1::WritePagesRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  FillRuns(pages, request.mutable_pages());
+  request.set_data(data);
+  return impl_->Call<v1::WritePagesRequest, v1::WritePagesResponse>(
+                 &v1::HostKV::Stub::WritePages, request)
+      .status();
+}
+
+absl::StatusOr<v1::GetPageBufferMetaResponse> Client::GetPageBufferMeta(
+    const std::string& pool, const std::vector<PageRange>& pages) {
+  v1::GetPageBufferMetaRequest request;
+  request.set_pool(pool);
+  FillRuns(pages, request.mutable_pages());
+  return impl_->Call<v1::GetPageBufferMetaRequest, v1::GetPageBufferMetaResponse>(
+      &v1::HostKV::Stub::GetPageBufferMeta, request);
+}
+
+absl::StatusOr<v1::GetPoolStatsResponse> Client::GetPoolStats(
+    const std::string& pool) {
+  v1::GetPoolStatsRequest request;
+  request.set_pool(pool);
+  return impl_->Call<v1::GetPoolStatsRequest, v1::GetPoolStatsResponse>(
+      &v1::HostKV::Stub::GetPoolStats, request);
+}
+
+}  // namespace hostkv

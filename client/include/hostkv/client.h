@@ -1,0 +1,148 @@
+// hostkv client library: what an inference engine links to use hostkvd.
+//
+//   auto client = hostkv::Client::Connect("unix:/run/hostkv/hostkvd.sock",
+//                                         "engine-rank0");
+//   auto pool = (*client)->CreatePool(spec);            // or attach
+//   auto import = (*client)->RegisterDeviceBuffers(...);
+//   auto pages = (*client)->Alloc("llama", 64);         // host slots
+//   auto op = (*client)->Backup("llama", *import, *pages, device_slots);
+//   (*client)->Wait(*op);                               // or WaitLayer
+//
+// Every call returns absl::Status / StatusOr with the daemon's code and
+// message. A Client owns one session; everything it allocates or registers
+// is released when it is destroyed (or Close()d). Thread-safe.
+#ifndef HOSTKV_CLIENT_INCLUDE_HOSTKV_CLIENT_H_
+#define HOSTKV_CLIENT_INCLUDE_HOSTKV_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "hostkv/v1/hostkv.pb.h"
+
+namespace hostkv {
+
+// The default daemon address.
+inline constexpr char kDefaultTarget[] = "unix:/run/hostkv/hostkvd.sock";
+
+// Host pages [first_page, first_page + num_pages).
+struct PageRange {
+  uint64_t first_page = 0;
+  uint64_t num_pages = 0;
+};
+
+// Device token slots [first_slot, first_slot + num_slots).
+struct SlotRange {
+  uint64_t first_slot = 0;
+  uint64_t num_slots = 0;
+};
+
+// A submitted load or backup.
+struct Operation {
+  uint64_t op_id = 0;
+  uint32_t signal_index = 0;
+  uint32_t layer_begin = 0;
+  uint32_t num_layers = 0;
+  uint64_t num_tokens = 0;
+  uint64_t bytes = 0;
+};
+
+struct TransferOptions {
+  uint32_t layer_begin = 0;
+  uint32_t layer_end = 0;  // 0: every layer
+  v1::CopyMechanism mechanism = v1::MECHANISM_UNSPECIFIED;
+};
+
+class Client {
+ public:
+  // Connects to `target` ("unix:PATH" or "HOST:PORT") and opens a session
+  // named `client_name`. Returns Unavailable if the daemon cannot be reached.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target, const std::string& client_name);
+
+  ~Client();  // Close()s the session if still open.
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  uint64_t session_id() const;
+
+  // Creates a pool; with attach_if_exists, an existing pool with the same
+  // spec is returned instead of AlreadyExists.
+  absl::StatusOr<v1::Pool> CreatePool(const v1::PoolSpec& spec,
+                                      bool attach_if_exists = true);
+  absl::StatusOr<v1::Pool> GetPool(const std::string& name);
+  absl::StatusOr<std::vector<v1::Pool>> ListPools();
+  absl::Status DeletePool(const std::string& name);
+
+  // Registers the device KV buffers of `pool`: k[l] and v[l] per layer (v
+  // empty for MLA), each with token_slots rows. Returns the import id.
+  absl::StatusOr<uint64_t> RegisterDeviceBuffers(
+      const std::string& pool, uint64_t token_slots,
+      const std::vector<v1::DeviceBuffer>& k,
+      const std::vector<v1::DeviceBuffer>& v);
+  absl::Status UnregisterDeviceBuffers(uint64_t import_id);
+
+  // Allocates num_tokens host slots (a multiple of the page size).
+  absl::StatusOr<std::vector<PageRange>> Alloc(const std::string& pool,
+                                               uint64_t num_tokens);
+  // Frees pages; returns how many were freed.
+  absl::StatusOr<uint64_t> Free(const std::string& pool,
+                                const std::vector<PageRange>& pages);
+
+  // Host pages -> device slots (load) or back (backup); returns once the
+  // daemon has enqueued the copies.
+  absl::StatusOr<Operation> Load(const std::string& pool, uint64_t import_id,
+                                 const std::vector<PageRange>& host_pages,
+                                 const std::vector<SlotRange>& device_slots,
+                                 const TransferOptions& options = {});
+  absl::StatusOr<Operation> Backup(const std::string& pool, uint64_t import_id,
+                                   const std::vector<PageRange>& host_pages,
+                                   const std::vector<SlotRange>& device_slots,
+                                   const TransferOptions& options = {});
+
+  // Blocks until layer `layer` (an absolute layer index) of `op` is copied,
+  // without calling the daemon. InvalidArgument if `op` does not cover the
+  // layer; Aborted if the daemon abandoned the operation; DeadlineExceeded.
+  absl::Status WaitLayer(const Operation& op, uint32_t layer,
+                         absl::Duration timeout = absl::Seconds(60));
+  // Blocks until every layer of `op` is copied.
+  absl::Status Wait(const Operation& op,
+                    absl::Duration timeout = absl::Seconds(60));
+
+  // Pages in SGLang's flat page format, concatenated.
+  absl::StatusOr<std::string> ReadPages(const std::string& pool,
+                                        const std::vector<PageRange>& pages);
+  absl::Status WritePages(const std::string& pool,
+                          const std::vector<PageRange>& pages,
+                          const std::string& data);
+  absl::StatusOr<v1::GetPageBufferMetaResponse> GetPageBufferMeta(
+      const std::string& pool, const std::vector<PageRange>& pages);
+
+  // Occupancy of one pool, or of every pool when `pool` is empty.
+  absl::StatusOr<v1::GetPoolStatsResponse> GetPoolStats(
+      const std::string& pool = "");
+
+  // Closes the session: the daemon frees its pages and imports.
+  absl::Status Close();
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  absl::StatusOr<Operation> Transfer(bool load, const std::string& pool,
+                                     uint64_t import_id,
+                                     const std::vector<PageRange>& host_pages,
+                                     const std::vector<SlotRange>& device_slots,
+                                     const TransferOptions& options);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Tokens covered by `pages` in a pool of `page_size`.
+uint64_t CountTokens(const std::vector<PageRange>& pages, uint32_t page_size);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_CLIENT_INCLUDE_HOSTKV_CLIENT_H_

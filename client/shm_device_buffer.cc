@@ -1,0 +1,48 @@
+#include "hostkv/shm_device_buffer.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/contract/shm_segment.h"
+#include "proto/contract/status_macros.h"
+
+namespace hostkv {
+
+struct ShmDeviceBuffer::Impl {
+  ShmSegment segment;
+};
+
+ShmDeviceBuffer::ShmDeviceBuffer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+ShmDeviceBuffer::ShmDeviceBuffer(ShmDeviceBuffer&&) noexcept = default;
+ShmDeviceBuffer& ShmDeviceBuffer::operator=(ShmDeviceBuffer&&) noexcept =
+    default;
+ShmDeviceBuffer::~ShmDeviceBuffer() = default;
+
+absl::StatusOr<ShmDeviceBuffer> ShmDeviceBuffer::Create(uint64_t size) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string name =
+      absl::StrCat("/hostkv-dev.", getpid(), ".", counter.fetch_add(1));
+  ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::Create(name, size, 0600));
+  auto impl = std::make_unique<Impl>();
+  impl->segment = std::move(segment);
+  return ShmDeviceBuffer(std::move(impl));
+}
+
+const std::string& ShmDeviceBuffer::name() const { return impl_->segment.name(); }
+uint8_t* ShmDeviceBuffer::data() const { return impl_->segment.data(); }
+uint64_t ShmDeviceBuffer::size() const { return impl_->segment.size(); }
+
+v1::DeviceBuffer ShmDeviceBuffer::Describe(uint64_t offset,
+                                           uint64_t size) const {
+  v1::DeviceBuffer buffer;
+  buffer.set_shm_name(name());
+  buffer.set_offset(offset);
+  buffer.set_size(size);
+  return buffer;
+}
+
+}  // namespace hostkv
