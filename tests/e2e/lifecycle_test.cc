@@ -1,0 +1,131 @@
+// Start-up, configuration, session release and shutdown of the real daemon.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "hostkv/client.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace hostkv {
+namespace {
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string WriteConfig(const std::string& text) {
+  char path[] = "/tmp/hostkv-config-XXXXXX";
+  const int fd = mkstemp(path);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+constexpr char kConfig[] = R"pb(
+  pools {
+    name: "llama"
+    geometry { mha { num_layers: 4 num_kv_heads: 2 head_dim: 64 } dtype: DTYPE_BF16 }
+    page_size: 16
+    layout: LAYOUT_PAGE_FIRST
+    capacity_tokens: 1000
+  }
+  pools {
+    name: "deepseek"
+    geometry { mla { num_layers: 2 kv_lora_rank: 64 qk_rope_head_dim: 16 } dtype: DTYPE_FP8_E4M3 }
+    page_size: 64
+    layout: LAYOUT_LAYER_FIRST
+    capacity_bytes: 10000000
+  }
+)pb";
+
+TEST(LifecycleTest, ConfigPoolsExistAtStartAndSigtermCleansUp) {
+  const std::string config = WriteConfig(kConfig);
+  testing::DaemonProcess daemon({"--config=" + config});
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  auto client = Client::Connect(daemon.target(), "t");
+  ASSERT_OK(client);
+  auto pools = (*client)->ListPools();
+  ASSERT_OK(pools);
+  ASSERT_EQ(2u, pools->size());
+  EXPECT_EQ("deepseek", (*pools)[0].spec().name());
+  EXPECT_EQ(1008u, (*pools)[1].token_slots());
+  const std::string segment = "/dev/shm" + (*pools)[1].segment_name();
+  EXPECT_TRUE(Exists(segment));
+  EXPECT_TRUE(Exists(daemon.socket_path()));
+  struct stat st;
+  ASSERT_EQ(0, stat(daemon.socket_path().c_str(), &st));
+  EXPECT_EQ(0660u, st.st_mode & 0777);
+  client->reset();
+  EXPECT_EQ(0, daemon.Stop(SIGTERM));
+  EXPECT_FALSE(Exists(segment));
+  EXPECT_FALSE(Exists(daemon.socket_path()));
+  std::remove(config.c_str());
+}
+
+TEST(LifecycleTest, InvalidConfigFailsFastNamingTheField) {
+  const std::string config = WriteConfig(R"pb(
+    pools { name: "x" geometry { mha { num_layers: 2 num_kv_heads: 1 head_dim: 8 } dtype: DTYPE_BF16 }
+            page_size: 0 layout: LAYOUT_PAGE_FIRST capacity_tokens: 10 })pb");
+  std::string log;
+  const int code = testing::DaemonProcess::RunToExit(
+      {"--listen=unix:/tmp/hostkv-badconfig.sock", "--config=" + config}, &log);
+  EXPECT_NE(0, code);
+  EXPECT_NE(std::string::npos, log.find("page_size")) << log;
+  EXPECT_NE(std::string::npos, log.find("pools[0]")) << log;
+  std::remove(config.c_str());
+
+  const std::string garbage = WriteConfig("pools { nmae: 3 }");
+  EXPECT_NE(0, testing::DaemonProcess::RunToExit(
+                   {"--listen=unix:/tmp/hostkv-badconfig.sock", "--config=" + garbage},
+                   &log));
+  std::remove(garbage.c_str());
+}
+
+TEST(LifecycleTest, SecondDaemonOnTheSameSocketIsRefused) {
+  testing::DaemonProcess first;
+  ASSERT_TRUE(first.started()) << first.log();
+  std::string log;
+  EXPECT_EQ(1, testing::DaemonProcess::RunToExit({"--listen=" + first.target()}, &log));
+  EXPECT_NE(std::string::npos, log.find("already serves")) << log;
+  EXPECT_OK(Client::Connect(first.target(), "still-there"));
+}
+
+TEST(LifecycleTest, BadFlagsExitWithUsageCode) {
+  std::string log;
+  EXPECT_EQ(2, testing::DaemonProcess::RunToExit(
+                   {"--listen=unix:/tmp/hostkv-flags.sock", "--memory_budget=lots"}, &log));
+  EXPECT_NE(std::string::npos, log.find("--memory_budget")) << log;
+}
+
+TEST(LifecycleTest, ClosingASessionFreesItsPages) {
+  testing::DaemonProcess daemon({"--config=" + WriteConfig(kConfig)});
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  auto observer = Client::Connect(daemon.target(), "observer").value();
+  {
+    auto engine = Client::Connect(daemon.target(), "engine").value();
+    ASSERT_OK(engine->Alloc("llama", 160));
+    auto stats = observer->GetPoolStats("llama");
+    ASSERT_OK(stats);
+    EXPECT_EQ(10u, stats->pools(0).used_pages());
+    ASSERT_EQ(1, stats->pools(0).sessions_size());
+    EXPECT_EQ("engine", stats->pools(0).sessions(0).client_name());
+  }  // ~Client closes the session
+  auto stats = observer->GetPoolStats("llama");
+  ASSERT_OK(stats);
+  EXPECT_EQ(0u, stats->pools(0).used_pages());
+  EXPECT_EQ(63u, stats->pools(0).free_pages());
+}
+
+TEST(LifecycleTest, ConnectToNothingIsUnavailable) {
+  EXPECT_ERROR(Unavailable, Client::Connect("unix:/tmp/hostkv-no-such.sock", "x"));
+}
+
+}  // namespace
+}  // namespace hostkv

@@ -1,0 +1,445 @@
+// The request layer with the real pools, allocator, sessions and copy engine
+// behind it: every refusal names the right code, and refusals change nothing.
+#include "server/request_handler.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "proto/contract/op_signal.h"
+#include "proto/contract/shm_segment.h"
+#include "tests/testing/status_matchers.h"
+
+namespace hostkv {
+namespace {
+
+constexpr uint32_t kLayers = 3;
+constexpr uint32_t kHeads = 2;
+constexpr uint32_t kHeadDim = 4;
+constexpr uint32_t kPageSize = 4;
+constexpr uint64_t kDeviceSlots = 64;
+constexpr uint64_t kStride = kHeads * kHeadDim * 2;  // bf16
+
+std::string Prefix() { return absl::StrCat("/hostkv-test.", getpid(), "."); }
+
+class RequestHandlerTest : public ::testing::Test {
+ protected:
+  RequestHandlerTest()
+      : budget_(0, 0, [] { return uint64_t{1} << 40; }),
+        pools_(&budget_, Prefix(), 1),
+        sessions_(Prefix(), 4),
+        transfers_(2),
+        handler_(RequestLimits{1 << 16, Prefix()}, &budget_, &pools_,
+                 &sessions_, &transfers_) {}
+
+  uint64_t OpenSession() {
+    auto r = handler_.OpenSession(v1::OpenSessionRequest());
+    EXPECT_OK(r);
+    return r.ok() ? r->session_id() : 0;
+  }
+
+  v1::PoolSpec Spec(const std::string& name, uint64_t tokens = 60) {
+    v1::PoolSpec spec;
+    spec.set_name(name);
+    spec.mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+    auto* mha = spec.mutable_geometry()->mutable_mha();
+    mha->set_num_layers(kLayers);
+    mha->set_num_kv_heads(kHeads);
+    mha->set_head_dim(kHeadDim);
+    spec.set_page_size(kPageSize);
+    spec.set_layout(v1::LAYOUT_PAGE_FIRST);
+    spec.set_capacity_tokens(tokens);  // 64 slots = 16 pages
+    return spec;
+  }
+
+  void CreatePool(const std::string& name) {
+    v1::CreatePoolRequest request;
+    *request.mutable_spec() = Spec(name);
+    ASSERT_OK(handler_.CreatePool(request));
+  }
+
+  v1::AllocResponse Alloc(uint64_t session, uint64_t tokens,
+                          const std::string& pool = "p") {
+    v1::AllocRequest request;
+    request.set_session_id(session);
+    request.set_pool(pool);
+    request.set_num_tokens(tokens);
+    auto r = handler_.Alloc(request);
+    EXPECT_OK(r);
+    return r.ok() ? *r : v1::AllocResponse();
+  }
+
+  absl::StatusOr<v1::FreeResponse> Free(uint64_t session, uint64_t first,
+                                        uint64_t count) {
+    v1::FreeRequest request;
+    request.set_session_id(session);
+    request.set_pool("p");
+    auto* run = request.add_pages();
+    run->set_first_page(first);
+    run->set_num_pages(count);
+    return handler_.Free(request);
+  }
+
+  // One device segment holding K and V of every layer, kDeviceSlots rows.
+  v1::RegisterDeviceBuffersRequest Registration(uint64_t session,
+                                                const std::string& pool = "p") {
+    if (device_.data() == nullptr) {
+      device_ = *ShmSegment::Create(
+          absl::StrCat("/hostkv-test-dev.", getpid(), ".", counter_++),
+          2 * kLayers * kDeviceSlots * kStride, 0600);
+    }
+    v1::RegisterDeviceBuffersRequest request;
+    request.set_session_id(session);
+    request.set_pool(pool);
+    request.set_token_slots(kDeviceSlots);
+    for (uint32_t i = 0; i < 2 * kLayers; ++i) {
+      v1::DeviceBuffer* b =
+          i % 2 == 0 ? request.add_k_buffers() : request.add_v_buffers();
+      b->set_shm_name(device_.name());
+      b->set_offset(i * kDeviceSlots * kStride);
+      b->set_size(kDeviceSlots * kStride);
+    }
+    return request;
+  }
+
+  uint64_t Register(uint64_t session, const std::string& pool = "p") {
+    auto r = handler_.RegisterDeviceBuffers(Registration(session, pool));
+    EXPECT_OK(r);
+    return r.ok() ? r->import_id() : 0;
+  }
+
+  v1::TransferRequest Transfer(uint64_t session, uint64_t import,
+                               uint64_t first_page, uint64_t pages,
+                               uint64_t first_slot, uint64_t slots) {
+    v1::TransferRequest request;
+    request.set_session_id(session);
+    request.set_pool("p");
+    request.set_import_id(import);
+    auto* h = request.add_host_pages();
+    h->set_first_page(first_page);
+    h->set_num_pages(pages);
+    auto* d = request.add_device_slots();
+    d->set_first_slot(first_slot);
+    d->set_num_slots(slots);
+    return request;
+  }
+
+  uint8_t* DeviceRow(uint32_t kv, uint32_t layer, uint64_t slot) {
+    return device_.data() + ((2 * layer + kv) * kDeviceSlots + slot) * kStride;
+  }
+
+  MemoryBudget budget_;
+  PoolRegistry pools_;
+  SessionRegistry sessions_;
+  TransferEngine transfers_;
+  RequestHandler handler_;
+  ShmSegment device_;
+  static inline int counter_ = 0;
+};
+
+TEST_F(RequestHandlerTest, UnknownNamesAreNotFound) {
+  const uint64_t s = OpenSession();
+  v1::AllocRequest alloc;
+  alloc.set_session_id(s);
+  alloc.set_pool("nope");
+  alloc.set_num_tokens(4);
+  EXPECT_ERROR(NotFound, handler_.Alloc(alloc));
+  v1::GetPoolRequest get;
+  get.set_name("nope");
+  EXPECT_ERROR(NotFound, handler_.GetPool(get));
+  v1::GetPoolStatsRequest stats;
+  stats.set_pool("nope");
+  EXPECT_ERROR(NotFound, handler_.GetPoolStats(stats));
+  CreatePool("p");
+  alloc.set_pool("p");
+  alloc.set_session_id(s + 1);
+  EXPECT_ERROR(NotFound, handler_.Alloc(alloc));
+  v1::UnregisterDeviceBuffersRequest unreg;
+  unreg.set_session_id(s);
+  unreg.set_import_id(77);
+  EXPECT_ERROR(NotFound, handler_.UnregisterDeviceBuffers(unreg));
+}
+
+TEST_F(RequestHandlerTest, CreatePoolTwice) {
+  CreatePool("p");
+  v1::CreatePoolRequest request;
+  *request.mutable_spec() = Spec("p");
+  EXPECT_ERROR(AlreadyExists, handler_.CreatePool(request));
+  request.set_attach_if_exists(true);
+  EXPECT_OK(handler_.CreatePool(request));
+  *request.mutable_spec() = Spec("p", 200);
+  EXPECT_ERROR(AlreadyExists, handler_.CreatePool(request));
+}
+
+TEST_F(RequestHandlerTest, PoolOverBudgetIsRefusedAndNotCreated) {
+  MemoryBudget small(1000, 0, [] { return uint64_t{1} << 40; });
+  PoolRegistry pools(&small, Prefix() + "small.", 1);
+  EXPECT_ERROR(ResourceExhausted, pools.Create(Spec("big"), false));
+  EXPECT_TRUE(pools.List().empty());
+  EXPECT_EQ(0u, small.reserved_bytes());
+}
+
+TEST_F(RequestHandlerTest, AllocNeedsWholePages) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  v1::AllocRequest request;
+  request.set_session_id(s);
+  request.set_pool("p");
+  request.set_num_tokens(6);
+  EXPECT_ERROR(InvalidArgument, handler_.Alloc(request));
+  request.set_num_tokens(0);
+  EXPECT_ERROR(InvalidArgument, handler_.Alloc(request));
+  request.set_num_tokens(17 * kPageSize);  // pool has 16 pages
+  EXPECT_ERROR(ResourceExhausted, handler_.Alloc(request));
+  v1::AllocResponse ok = Alloc(s, 8);
+  ASSERT_EQ(1, ok.pages_size());
+  EXPECT_EQ(2u, ok.pages(0).num_pages());
+}
+
+TEST_F(RequestHandlerTest, FreeChecksOwnership) {
+  CreatePool("p");
+  const uint64_t alice = OpenSession();
+  const uint64_t bob = OpenSession();
+  Alloc(alice, 8);  // pages 0, 1
+  Alloc(bob, 8);    // pages 2, 3
+  EXPECT_ERROR(FailedPrecondition, Free(alice, 2, 1));
+  EXPECT_ERROR(FailedPrecondition, Free(alice, 1, 2));  // 2 is Bob's
+  EXPECT_ERROR(InvalidArgument, Free(alice, 16, 1));
+  EXPECT_ERROR(InvalidArgument, Free(alice, 0, 0));
+  ASSERT_OK(Free(alice, 0, 2));
+  EXPECT_ERROR(FailedPrecondition, Free(alice, 0, 2));  // twice
+  v1::FreeRequest empty;
+  empty.set_session_id(bob);
+  empty.set_pool("p");
+  EXPECT_ERROR(InvalidArgument, handler_.Free(empty));
+  auto stats = handler_.GetPoolStats(v1::GetPoolStatsRequest());
+  ASSERT_OK(stats);
+  EXPECT_EQ(2u, stats->pools(0).used_pages());
+}
+
+TEST_F(RequestHandlerTest, RegistrationValidatesHandles) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  auto request = Registration(s);
+  request.mutable_k_buffers(1)->set_cuda_ipc_handle(std::string(63, 'x'));
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request.mutable_k_buffers(1)->set_cuda_ipc_handle(std::string(64, 'x'));
+  EXPECT_ERROR(FailedPrecondition, handler_.RegisterDeviceBuffers(request));
+  request.mutable_k_buffers(1)->clear_cuda_ipc_handle();
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+
+  request = Registration(s);
+  request.mutable_v_buffers()->RemoveLast();
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = Registration(s);
+  request.mutable_k_buffers(0)->set_size(kDeviceSlots * kStride - 1);
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = Registration(s);
+  request.mutable_k_buffers(2)->set_offset(UINT64_MAX - 10);
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = Registration(s);
+  // The last buffer moved one row further runs past the segment end.
+  request.mutable_v_buffers(2)->set_offset((2 * kLayers - 1) * kDeviceSlots * kStride + kStride);
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = Registration(s);
+  request.set_token_slots(0);
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = Registration(s);
+  request.mutable_k_buffers(0)->set_shm_name("/../../etc/passwd");
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request.mutable_k_buffers(0)->set_shm_name("/hostkv-test-no-such-segment");
+  EXPECT_ERROR(NotFound, handler_.RegisterDeviceBuffers(request));
+  request.mutable_k_buffers(0)->set_shm_name(Prefix() + "pool.p");
+  EXPECT_ERROR(PermissionDenied, handler_.RegisterDeviceBuffers(request));
+  EXPECT_EQ(0u, pools_.Get("p").value()->imports().load());
+  EXPECT_OK(handler_.RegisterDeviceBuffers(Registration(s)));
+  EXPECT_EQ(1u, pools_.Get("p").value()->imports().load());
+}
+
+TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
+  CreatePool("p");
+  CreatePool("q");
+  const uint64_t s = OpenSession();
+  const uint64_t other = OpenSession();
+  const uint64_t import = Register(s);
+  const uint64_t q_import = Register(s, "q");
+  Alloc(s, 8);      // pages 0, 1
+  Alloc(other, 4);  // page 2
+  EXPECT_OK(handler_.Backup(Transfer(s, import, 0, 2, 8, 8)));
+
+  EXPECT_ERROR(FailedPrecondition, handler_.Load(Transfer(s, import, 2, 1, 0, 4)));
+  EXPECT_ERROR(FailedPrecondition, handler_.Load(Transfer(s, import, 5, 1, 0, 4)));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(Transfer(s, import, 99, 1, 0, 4)));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(Transfer(s, import, 0, 2, 60, 8)));
+  EXPECT_ERROR(InvalidArgument,
+               handler_.Load(Transfer(s, import, 0, 2, UINT64_MAX, 8)));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(Transfer(s, import, 0, 2, 0, 7)));
+  EXPECT_ERROR(NotFound, handler_.Load(Transfer(s, 999, 0, 2, 0, 8)));
+  EXPECT_ERROR(NotFound, handler_.Load(Transfer(other, import, 2, 1, 0, 4)));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(Transfer(s, q_import, 0, 2, 0, 8)));
+
+  auto request = Transfer(s, import, 0, 2, 0, 4);
+  auto* dup = request.add_device_slots();
+  dup->set_first_slot(2);  // overlaps [0, 4)
+  dup->set_num_slots(4);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(request));
+
+  request = Transfer(s, import, 0, 1, 0, 4);
+  request.set_layer_begin(2);
+  request.set_layer_end(2);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(request));
+  request.set_layer_end(kLayers + 1);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(request));
+  request.set_layer_end(0);
+  request.set_mechanism(static_cast<v1::CopyMechanism>(5));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(request));
+  request.set_mechanism(v1::MECHANISM_KERNEL);
+  EXPECT_OK(handler_.Load(request));
+}
+
+TEST_F(RequestHandlerTest, LoadCopiesOnlyTheRequestedLayers) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  for (uint32_t kv = 0; kv < 2; ++kv)
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint64_t t = 0; t < 8; ++t)
+        std::memset(DeviceRow(kv, l, 10 + t), 1 + kv + 2 * l, kStride);
+  auto backup = handler_.Backup(Transfer(s, import, 0, 2, 10, 8));
+  ASSERT_OK(backup);
+  auto session = sessions_.Get(s).value();
+  session->signals()->AwaitIdle();
+  auto load = Transfer(s, import, 0, 2, 40, 8);
+  load.set_layer_begin(1);
+  load.set_layer_end(2);
+  auto op = handler_.Load(load);
+  ASSERT_OK(op);
+  EXPECT_EQ(1u, op->num_layers());
+  EXPECT_EQ(8u, op->num_tokens());
+  EXPECT_EQ(8u * 2 * kStride, op->bytes());
+  session->signals()->AwaitIdle();
+  for (uint32_t kv = 0; kv < 2; ++kv) {
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      const uint8_t want = l == 1 ? 1 + kv + 2 * l : 0;
+      for (uint64_t t = 0; t < 8; ++t) {
+        ASSERT_EQ(want, DeviceRow(kv, l, 40 + t)[0]) << kv << " " << l << " " << t;
+        ASSERT_EQ(want, DeviceRow(kv, l, 40 + t)[kStride - 1]);
+      }
+    }
+  }
+}
+
+TEST_F(RequestHandlerTest, PageIoChecksSizes) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  Alloc(s, 16 * kPageSize);
+  const uint64_t page_bytes = 2 * kLayers * kPageSize * kStride;  // 768
+  v1::WritePagesRequest write;
+  write.set_session_id(s);
+  write.set_pool("p");
+  auto* run = write.add_pages();
+  run->set_first_page(3);
+  run->set_num_pages(2);
+  write.set_data(std::string(2 * page_bytes - 1, 'x'));
+  EXPECT_ERROR(InvalidArgument, handler_.WritePages(write));
+  write.set_data(std::string(2 * page_bytes, 'x'));
+  ASSERT_OK(handler_.WritePages(write));
+  v1::ReadPagesRequest read;
+  read.set_session_id(s);
+  read.set_pool("p");
+  *read.mutable_pages() = write.pages();
+  auto data = handler_.ReadPages(read);
+  ASSERT_OK(data);
+  EXPECT_EQ(write.data(), data->data());
+  read.mutable_pages(0)->set_first_page(0);
+  read.mutable_pages(0)->set_num_pages(16);  // 12 KiB > the 64 KiB limit? no
+  EXPECT_OK(handler_.ReadPages(read));
+  RequestHandler tight(RequestLimits{page_bytes, Prefix()}, &budget_, &pools_,
+                       &sessions_, &transfers_);
+  EXPECT_ERROR(InvalidArgument, tight.ReadPages(read));
+}
+
+TEST_F(RequestHandlerTest, CloseSessionReleasesEverything) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  Register(s);
+  Alloc(s, 12);
+  v1::DeletePoolRequest del;
+  del.set_name("p");
+  EXPECT_ERROR(FailedPrecondition, handler_.DeletePool(del));
+  v1::CloseSessionRequest close;
+  close.set_session_id(s);
+  auto closed = handler_.CloseSession(close);
+  ASSERT_OK(closed);
+  EXPECT_EQ(3u, closed->pages_freed());
+  EXPECT_EQ(1u, closed->imports_closed());
+  EXPECT_ERROR(NotFound, handler_.CloseSession(close));
+  EXPECT_OK(handler_.DeletePool(del));
+  EXPECT_ERROR(NotFound, handler_.DeletePool(del));
+  EXPECT_EQ(0u, budget_.reserved_bytes());
+}
+
+TEST_F(RequestHandlerTest, StatsShowUsagePerSession) {
+  CreatePool("p");
+  const uint64_t a = OpenSession();
+  const uint64_t b = OpenSession();
+  Alloc(a, 8);
+  Alloc(b, 20);
+  Register(b);
+  auto stats = handler_.GetPoolStats(v1::GetPoolStatsRequest());
+  ASSERT_OK(stats);
+  ASSERT_EQ(1, stats->pools_size());
+  const v1::PoolStats& p = stats->pools(0);
+  EXPECT_EQ(16u, p.capacity_pages());
+  EXPECT_EQ(7u, p.used_pages());
+  EXPECT_EQ(9u, p.free_pages());
+  EXPECT_EQ(28u, p.used_tokens());
+  EXPECT_EQ(7u * 2 * kLayers * kPageSize * kStride, p.used_bytes());
+  ASSERT_EQ(2, p.sessions_size());
+  uint64_t pages_a = 0, pages_b = 0, imports_b = 0;
+  for (const auto& su : p.sessions()) {
+    if (su.session_id() == a) pages_a = su.pages();
+    if (su.session_id() == b) pages_b = su.pages(), imports_b = su.imports();
+  }
+  EXPECT_EQ(2u, pages_a);
+  EXPECT_EQ(5u, pages_b);
+  EXPECT_EQ(1u, imports_b);
+  EXPECT_EQ(2u, stats->open_sessions());
+}
+
+TEST_F(RequestHandlerTest, PageBufferMetaChecksRange) {
+  CreatePool("p");
+  v1::GetPageBufferMetaRequest request;
+  request.set_pool("p");
+  auto* run = request.add_pages();
+  run->set_first_page(15);
+  run->set_num_pages(2);
+  EXPECT_ERROR(InvalidArgument, handler_.GetPageBufferMeta(request));
+  run->set_num_pages(1);
+  auto meta = handler_.GetPageBufferMeta(request);
+  ASSERT_OK(meta);
+  ASSERT_EQ(2, meta->pieces_size());  // page_first: K then V
+  EXPECT_EQ(15u * kPageSize * kLayers * kStride, meta->pieces(0).offset());
+  EXPECT_EQ(kLayers * kPageSize * kStride, meta->pieces(0).size());
+}
+
+TEST_F(RequestHandlerTest, ShutdownRefusesNewWork) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  handler_.BeginShutdown();
+  v1::AllocRequest request;
+  request.set_session_id(s);
+  request.set_pool("p");
+  request.set_num_tokens(4);
+  EXPECT_ERROR(Unavailable, handler_.Alloc(request));
+  EXPECT_ERROR(Unavailable, handler_.OpenSession(v1::OpenSessionRequest()));
+  EXPECT_OK(handler_.GetPoolStats(v1::GetPoolStatsRequest()));
+}
+
+}  // namespace
+}  // namespace hostkv

@@ -1,0 +1,148 @@
+#include "server/slot_allocator.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace hostkv {
+namespace {
+
+constexpr OwnerTag kAlice = 1;
+constexpr OwnerTag kBob = 2;
+
+class SlotAllocatorTest : public ::testing::Test {
+ protected:
+  std::vector<PageRun> Alloc(uint64_t pages, OwnerTag owner) {
+    absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(pages, owner);
+    EXPECT_OK(runs);
+    return runs.ok() ? *runs : std::vector<PageRun>{};
+  }
+  SlotAllocator alloc_{100};
+};
+
+TEST_F(SlotAllocatorTest, AllocatesLowestPagesAsOneRun) {
+  EXPECT_EQ((std::vector<PageRun>{{0, 10}}), Alloc(10, kAlice));
+  EXPECT_EQ((std::vector<PageRun>{{10, 5}}), Alloc(5, kBob));
+  EXPECT_EQ(85u, alloc_.free_pages());
+  EXPECT_EQ(10u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(5u, alloc_.pages_owned_by(kBob));
+}
+
+TEST_F(SlotAllocatorTest, ReusesHolesAndReturnsSeveralRuns) {
+  Alloc(10, kAlice);                       // [0, 10)
+  Alloc(10, kBob);                         // [10, 20)
+  ASSERT_OK(alloc_.Free({{2, 3}, {7, 2}}, kAlice));
+  EXPECT_EQ((std::vector<PageRun>{{2, 3}, {7, 2}, {20, 1}}), Alloc(6, kBob));
+}
+
+TEST_F(SlotAllocatorTest, FullPoolIsResourceExhaustedAndNamesTheFreeCount) {
+  Alloc(95, kAlice);
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(6, kBob);
+  EXPECT_ERROR(ResourceExhausted, runs);
+  EXPECT_NE(std::string::npos, runs.status().message().find("5 of 100 free"));
+  EXPECT_EQ(5u, alloc_.free_pages());  // nothing taken
+}
+
+TEST_F(SlotAllocatorTest, ZeroPagesIsInvalid) {
+  EXPECT_ERROR(InvalidArgument, alloc_.Allocate(0, kAlice));
+}
+
+TEST_F(SlotAllocatorTest, DoubleFreeIsRefused) {
+  Alloc(4, kAlice);
+  ASSERT_OK(alloc_.Free({{0, 4}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Free({{0, 4}}, kAlice));
+  EXPECT_EQ(100u, alloc_.free_pages());
+}
+
+TEST_F(SlotAllocatorTest, ForeignFreeIsRefusedAndChangesNothing) {
+  Alloc(4, kAlice);
+  Alloc(4, kBob);
+  absl::StatusOr<uint64_t> freed = alloc_.Free({{4, 4}}, kAlice);
+  EXPECT_ERROR(FailedPrecondition, freed);
+  EXPECT_NE(std::string::npos,
+            freed.status().message().find("belongs to another session"));
+  EXPECT_EQ(4u, alloc_.pages_owned_by(kBob));
+  EXPECT_EQ(4u, alloc_.pages_owned_by(kAlice));
+}
+
+TEST_F(SlotAllocatorTest, PageListedTwiceFreesNothing) {
+  Alloc(8, kAlice);
+  EXPECT_ERROR(FailedPrecondition, alloc_.Free({{0, 4}, {3, 2}}, kAlice));
+  EXPECT_EQ(8u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(92u, alloc_.free_pages());
+  ASSERT_OK(alloc_.CheckOwned({{0, 8}}, kAlice));  // all still Alice's
+}
+
+TEST_F(SlotAllocatorTest, OutOfRangeAndEmptyRunsAreInvalid) {
+  Alloc(100, kAlice);
+  EXPECT_ERROR(InvalidArgument, alloc_.Free({{99, 2}}, kAlice));
+  EXPECT_ERROR(InvalidArgument, alloc_.Free({{100, 1}}, kAlice));
+  EXPECT_ERROR(InvalidArgument, alloc_.Free({{UINT64_MAX, 2}}, kAlice));
+  EXPECT_ERROR(InvalidArgument, alloc_.Free({{5, 0}}, kAlice));
+  EXPECT_EQ(0u, alloc_.free_pages());
+}
+
+TEST_F(SlotAllocatorTest, FreedNeighboursCoalesceIntoOneExtent) {
+  Alloc(100, kAlice);
+  ASSERT_OK(alloc_.Free({{10, 10}}, kAlice));
+  ASSERT_OK(alloc_.Free({{30, 10}}, kAlice));
+  EXPECT_EQ(2u, alloc_.free_extents());
+  ASSERT_OK(alloc_.Free({{20, 10}}, kAlice));
+  EXPECT_EQ(1u, alloc_.free_extents());
+  EXPECT_EQ((std::vector<PageRun>{{10, 30}}), Alloc(30, kBob));
+}
+
+TEST_F(SlotAllocatorTest, FreeAllOwnedByReleasesOnlyThatOwner) {
+  Alloc(10, kAlice);
+  Alloc(10, kBob);
+  Alloc(10, kAlice);
+  EXPECT_EQ(20u, alloc_.FreeAllOwnedBy(kAlice));
+  EXPECT_EQ(0u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(10u, alloc_.pages_owned_by(kBob));
+  EXPECT_EQ(90u, alloc_.free_pages());
+  EXPECT_EQ(0u, alloc_.FreeAllOwnedBy(kAlice));
+  ASSERT_OK(alloc_.CheckOwned({{10, 10}}, kBob));
+  EXPECT_ERROR(FailedPrecondition, alloc_.CheckOwned({{0, 1}}, kAlice));
+}
+
+TEST_F(SlotAllocatorTest, UsageByOwnerCountsPages) {
+  Alloc(3, kAlice);
+  Alloc(7, kBob);
+  const auto usage = alloc_.UsageByOwner();
+  EXPECT_EQ(2u, usage.size());
+  EXPECT_EQ(3u, usage.at(kAlice));
+  EXPECT_EQ(7u, usage.at(kBob));
+}
+
+TEST(SlotAllocatorChurnTest, RandomAllocFreeKeepsCountsConsistent) {
+  SlotAllocator alloc(1000);
+  std::vector<std::vector<PageRun>> held;
+  uint64_t seed = 12345, held_pages = 0;
+  for (int i = 0; i < 5000; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    if ((seed >> 33) % 2 == 0 || held.empty()) {
+      const uint64_t n = 1 + (seed >> 40) % 50;
+      auto runs = alloc.Allocate(n, 1);
+      if (runs.ok()) {
+        held.push_back(*runs);
+        held_pages += n;
+      } else {
+        EXPECT_ERROR(ResourceExhausted, runs);
+      }
+    } else {
+      const size_t k = (seed >> 20) % held.size();
+      auto freed = alloc.Free(held[k], 1);
+      ASSERT_OK(freed);
+      held_pages -= *freed;
+      held.erase(held.begin() + k);
+    }
+    ASSERT_EQ(1000 - held_pages, alloc.free_pages());
+  }
+  for (const auto& runs : held) ASSERT_OK(alloc.Free(runs, 1));
+  EXPECT_EQ(1000u, alloc.free_pages());
+  EXPECT_EQ(1u, alloc.free_extents());
+}
+
+}  // namespace
+}  // namespace hostkv

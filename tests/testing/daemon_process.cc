@@ -1,0 +1,131 @@
+#include "tests/testing/daemon_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace hostkv::testing {
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<char*> argv;
+  std::string binary = HOSTKVD_BINARY;
+  argv.push_back(binary.data());
+  std::vector<std::string> copy = args;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDERR_FILENO);
+      dup2(fd, STDOUT_FILENO);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+bool CanConnect(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok =
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+int WaitExit(pid_t pid, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 10) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) {
+  char tmpl[] = "/tmp/hostkv-e2e-XXXXXX";
+  dir_ = mkdtemp(tmpl);
+  socket_path_ = dir_ + "/hostkvd.sock";
+  log_path_ = dir_ + "/hostkvd.log";
+  std::vector<std::string> args = {"--listen=unix:" + socket_path_,
+                                   "--memory_reserve=256MiB",
+                                   "--log_level=debug"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  pid_ = Spawn(args, log_path_);
+  for (int i = 0; i < 1000 && !started_; ++i) {
+    if (CanConnect(socket_path_)) {
+      started_ = true;
+      break;
+    }
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  std::system(("rm -rf " + dir_).c_str());
+}
+
+std::string DaemonProcess::log() const { return ReadFile(log_path_); }
+
+int DaemonProcess::Stop(int signal, int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, signal);
+  const int code = WaitExit(pid_, timeout_ms);
+  if (code != -1) pid_ = -1;
+  return code;
+}
+
+int DaemonProcess::RunToExit(const std::vector<std::string>& args,
+                             std::string* log) {
+  char tmpl[] = "/tmp/hostkv-e2e-log-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  close(fd);
+  const pid_t pid = Spawn(args, tmpl);
+  const int code = WaitExit(pid, 20000);
+  if (code == -1) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  *log = ReadFile(tmpl);
+  unlink(tmpl);
+  return code;
+}
+
+}  // namespace hostkv::testing
