@@ -1,1 +1,511 @@
+// ZipRuns, CopyLayerSlice and CpuCopyEngine: loads (host -> device, one
+// layer) and backups (device -> host, every layer) checked byte for byte
+// against an element-by-element copy through the reference layout model.
+#include "kernels/copy_plan.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "gtest/gtest.h"
+#include "kernels/cpu_copy_engine.h"
+#include "kernels/pool_geometry.h"
+#include "kernels/worker_pool.h"
+#include "tests/kernels/reference_layout.h"
+
+namespace hostkv {
+namespace {
+
+using reference::PatternBuffer;
+using reference::PatternByte;
+using reference::PoolSpec;
+using reference::ReferenceDevice;
+using reference::ReferencePool;
+
+using RunTuple = std::tuple<uint64_t, uint64_t, uint64_t>;  // host, dev, n
+
+std::vector<RunTuple> AsTuples(const std::vector<TokenRun>& runs) {
+  std::vector<RunTuple> out;
+  for (const TokenRun& r : runs) {
+    out.emplace_back(r.host_token, r.device_token, r.num_tokens);
+  }
+  return out;
+}
+
+std::vector<uint64_t> Expand(const std::vector<SlotSpan>& spans) {
+  std::vector<uint64_t> slots;
+  for (const SlotSpan& s : spans) {
+    for (uint64_t i = 0; i < s.count; ++i) slots.push_back(s.first + i);
+  }
+  return slots;
+}
+
+// ---------------------------------------------------------------------------
+// ZipRuns
+
+TEST(ZipRunsTest, EqualSplitsPairSpanForSpan) {
+  EXPECT_EQ((std::vector<RunTuple>{{0, 100, 4}, {8, 200, 4}, {40, 16, 2}}),
+            AsTuples(ZipRuns({{0, 4}, {8, 4}, {40, 2}},
+                             {{100, 4}, {200, 4}, {16, 2}})));
+}
+
+TEST(ZipRunsTest, UnevenSplitsCutAtEveryBoundary) {
+  EXPECT_EQ((std::vector<RunTuple>{{0, 10, 2}, {2, 20, 4}}),
+            AsTuples(ZipRuns({{0, 6}}, {{10, 2}, {20, 4}})));
+  EXPECT_EQ((std::vector<RunTuple>{{0, 50, 3}, {10, 53, 1}, {11, 70, 4}}),
+            AsTuples(ZipRuns({{0, 3}, {10, 5}}, {{50, 4}, {70, 4}})));
+}
+
+TEST(ZipRunsTest, RunsContiguousOnBothSidesMerge) {
+  EXPECT_EQ((std::vector<RunTuple>{{0, 10, 8}}),
+            AsTuples(ZipRuns({{0, 4}, {4, 4}}, {{10, 4}, {14, 4}})));
+  // Split differently on the two sides, still one run.
+  EXPECT_EQ((std::vector<RunTuple>{{0, 10, 8}}),
+            AsTuples(ZipRuns({{0, 5}, {5, 3}}, {{10, 3}, {13, 5}})));
+}
+
+TEST(ZipRunsTest, RunsContiguousOnOneSideOnlyStayApart) {
+  EXPECT_EQ((std::vector<RunTuple>{{0, 10, 4}, {4, 20, 4}}),
+            AsTuples(ZipRuns({{0, 4}, {4, 4}}, {{10, 4}, {20, 4}})));
+  EXPECT_EQ((std::vector<RunTuple>{{0, 10, 4}, {8, 14, 4}}),
+            AsTuples(ZipRuns({{0, 4}, {8, 4}}, {{10, 8}})));
+  // Going backwards is not contiguous either.
+  EXPECT_EQ((std::vector<RunTuple>{{4, 14, 4}, {0, 10, 4}}),
+            AsTuples(ZipRuns({{4, 4}, {0, 4}}, {{14, 4}, {10, 4}})));
+}
+
+TEST(ZipRunsTest, ZeroLengthSpansAreSkipped) {
+  EXPECT_EQ((std::vector<RunTuple>{{5, 30, 3}, {12, 33, 2}}),
+            AsTuples(ZipRuns({{0, 0}, {5, 3}, {9, 0}, {12, 2}},
+                             {{7, 0}, {30, 5}, {40, 0}})));
+  // A zero-length span between two contiguous spans does not stop merging.
+  EXPECT_EQ((std::vector<RunTuple>{{0, 10, 4}}),
+            AsTuples(ZipRuns({{0, 2}, {5, 0}, {2, 2}}, {{10, 0}, {10, 4}})));
+  // Trailing empty spans.
+  EXPECT_EQ((std::vector<RunTuple>{{0, 0, 2}}),
+            AsTuples(ZipRuns({{0, 2}, {9, 0}}, {{0, 2}, {3, 0}, {4, 0}})));
+}
+
+TEST(ZipRunsTest, EmptyInputGivesNoRuns) {
+  EXPECT_TRUE(ZipRuns({}, {}).empty());
+  EXPECT_TRUE(ZipRuns({{3, 0}}, {{4, 0}, {5, 0}}).empty());
+}
+
+TEST(ZipRunsTest, PairsEveryTokenInOrderWithMaximalRuns) {
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    // Random spans (some empty, some adjacent) on each side, equal totals.
+    std::vector<SlotSpan> host, device;
+    uint64_t total = 0, next = 0, i = 0;
+    while (total < 40) {
+      const uint64_t n = PatternByte(i++, seed) % 6;
+      next += PatternByte(i++, seed) % 3;  // gap 0..2
+      host.push_back({next, n});
+      next += n;
+      total += n;
+    }
+    uint64_t left = total, dnext = 1000;
+    while (left > 0) {
+      const uint64_t n = std::min<uint64_t>(left, PatternByte(i++, seed) % 7);
+      dnext += PatternByte(i++, seed) % 2;
+      device.push_back({dnext, n});
+      dnext += n;
+      left -= n;
+    }
+    const std::vector<TokenRun> runs = ZipRuns(host, device);
+    std::vector<uint64_t> run_host, run_device;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      ASSERT_GT(runs[r].num_tokens, 0u);
+      for (uint64_t t = 0; t < runs[r].num_tokens; ++t) {
+        run_host.push_back(runs[r].host_token + t);
+        run_device.push_back(runs[r].device_token + t);
+      }
+      if (r > 0) {
+        const TokenRun& prev = runs[r - 1];
+        ASSERT_FALSE(prev.host_token + prev.num_tokens == runs[r].host_token &&
+                     prev.device_token + prev.num_tokens ==
+                         runs[r].device_token)
+            << "runs " << r - 1 << " and " << r << " should have merged";
+      }
+    }
+    ASSERT_EQ(Expand(host), run_host);
+    ASSERT_EQ(Expand(device), run_device);
+  }
+}
+
+TEST(CopyTaskTest, IndexRunsFillsPrefixSums) {
+  CopyTask task;
+  task.runs = {{0, 0, 3}, {10, 20, 5}, {40, 4, 1}};
+  task.IndexRuns();
+  EXPECT_EQ((std::vector<uint64_t>{0, 3, 8}), task.run_starts);
+  EXPECT_EQ(9u, task.total_tokens);
+  task.runs.clear();
+  task.IndexRuns();
+  EXPECT_TRUE(task.run_starts.empty());
+  EXPECT_EQ(0u, task.total_tokens);
+}
+
+// ---------------------------------------------------------------------------
+// Copies through CopyLayerSlice and CpuCopyEngine.
+
+// Compares two buffers, naming the first differing byte.
+::testing::AssertionResult SameBytes(const std::string& what,
+                                     const std::vector<uint8_t>& expected,
+                                     const std::vector<uint8_t>& actual) {
+  if (expected.size() != actual.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": size " << actual.size() << ", expected "
+           << expected.size();
+  }
+  uint64_t diffs = 0, first = 0;
+  for (uint64_t i = 0; i < expected.size(); ++i) {
+    if (expected[i] != actual[i] && diffs++ == 0) first = i;
+  }
+  if (diffs == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << diffs << " of " << expected.size()
+         << " bytes differ; first at byte " << first << ": expected "
+         << int{expected[first]} << ", got " << int{actual[first]};
+}
+
+// A host pool and one engine's device buffers.
+struct Buffers {
+  std::vector<uint8_t> host;
+  std::vector<std::array<std::vector<uint8_t>, 2>> device;  // [layer][kv]
+
+  Buffers(const ReferencePool& pool, const ReferenceDevice& dev) {
+    host = PatternBuffer(pool.TotalBytes(), 7);
+    device.resize(pool.spec().layers);
+    for (uint64_t l = 0; l < device.size(); ++l) {
+      for (uint64_t kv = 0; kv < pool.planes(); ++kv) {
+        device[l][kv] = PatternBuffer(dev.BufferBytes(), 100 + 2 * l + kv);
+      }
+    }
+  }
+
+  // The engine's per-layer base pointers (V null for MLA).
+  std::vector<LayerBuffers> Table() {
+    std::vector<LayerBuffers> table(device.size());
+    for (size_t l = 0; l < device.size(); ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        table[l].plane[kv] =
+            device[l][kv].empty() ? nullptr : device[l][kv].data();
+      }
+    }
+    return table;
+  }
+
+  ::testing::AssertionResult Equals(const Buffers& expected) const {
+    ::testing::AssertionResult same =
+        SameBytes("host pool", expected.host, host);
+    if (!same) return same;
+    for (size_t l = 0; l < device.size(); ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        same = SameBytes("device layer " + std::to_string(l) + " plane " +
+                             std::to_string(kv),
+                         expected.device[l][kv], device[l][kv]);
+        if (!same) return same;
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+// Which host and device slots a transfer moves, as spans.
+struct Selection {
+  std::string name;
+  std::vector<SlotSpan> host;
+  std::vector<SlotSpan> device;
+};
+
+// For a 5-page host pool and 8 pages + 4 device slots.
+std::vector<Selection> Selections(uint64_t ps) {
+  return {
+      // Whole pages, scattered and out of order; host pages 0 and 1 go to
+      // device pages 2 and 3, which is one run contiguous on both sides.
+      {"pages",
+       {{3 * ps, ps}, {0, ps}, {ps, ps}, {4 * ps, ps}},
+       {{5 * ps, ps}, {2 * ps, 2 * ps}, {0, ps}}},
+      // Device runs not page aligned, cutting across host pages.
+      {"unaligned_device",
+       {{4 * ps, ps}, {ps, 2 * ps}, {0, ps}},
+       {{4 * ps + 3, 2 * ps}, {1, 2 * ps}}},
+  };
+}
+
+std::string MechanismName(CopyMechanism m) {
+  return m == CopyMechanism::kKernel ? "kernel" : "direct";
+}
+
+struct CopyCase {
+  PoolSpec spec;
+  CopyMechanism mechanism;
+  size_t threads;
+};
+
+std::vector<CopyCase> AllCopyCases() {
+  std::vector<CopyCase> cases;
+  for (const PoolSpec& spec : reference::AllSmallPools(5)) {
+    for (CopyMechanism m : {CopyMechanism::kKernel, CopyMechanism::kDirect}) {
+      for (size_t threads : {1, 4}) cases.push_back({spec, m, threads});
+    }
+  }
+  return cases;
+}
+
+class CopyEngineTest : public ::testing::TestWithParam<CopyCase> {
+ protected:
+  CopyEngineTest()
+      : spec_(GetParam().spec),
+        pool_(spec_),
+        g_(reference::ToGeometry(spec_)),
+        device_slots_(8 * spec_.page_size + 4),
+        device_(spec_, device_slots_),
+        workers_(GetParam().threads),
+        engine_(&workers_) {}
+
+  CopyTask MakeTask(const Selection& s, CopyDirection direction,
+                    Buffers* buffers, const std::vector<LayerBuffers>* table) {
+    CopyTask task;
+    task.geometry = g_;
+    task.host_base = buffers->host.data();
+    task.layers = table->data();
+    task.runs = ZipRuns(s.host, s.device);
+    task.IndexRuns();
+    task.direction = direction;
+    task.mechanism = GetParam().mechanism;
+    return task;
+  }
+
+  void ReferenceCopy(const Selection& s, bool to_device, uint32_t layer,
+                     Buffers* b) const {
+    uint8_t* planes[2] = {b->device[layer][0].data(),
+                          b->device[layer][1].data()};
+    reference::ReferenceCopyLayer(pool_, device_, to_device, layer,
+                                  Expand(s.host), Expand(s.device),
+                                  b->host.data(), planes);
+  }
+
+  const PoolSpec spec_;
+  const ReferencePool pool_;
+  const PoolGeometry g_;
+  const uint64_t device_slots_;
+  const ReferenceDevice device_;
+  WorkerPool workers_;
+  CpuCopyEngine engine_;
+};
+
+TEST_P(CopyEngineTest, LoadCopiesOneLayerAtATime) {
+  for (const Selection& s : Selections(spec_.page_size)) {
+    SCOPED_TRACE(s.name);
+    Buffers actual(pool_, device_), expected(pool_, device_);
+    const std::vector<LayerBuffers> table = actual.Table();
+    const CopyTask task =
+        MakeTask(s, CopyDirection::kHostToDevice, &actual, &table);
+    ASSERT_EQ(4 * spec_.page_size, task.total_tokens);
+    for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+      SCOPED_TRACE("after layer " + std::to_string(layer));
+      engine_.CopyLayer(task, layer);
+      ReferenceCopy(s, /*to_device=*/true, layer, &expected);
+      // Only this layer's targeted slots changed; later layers still hold
+      // their old bytes and the host pool is untouched.
+      ASSERT_TRUE(actual.Equals(expected));
+    }
+  }
+}
+
+TEST_P(CopyEngineTest, BackupCopiesEveryLayer) {
+  for (const Selection& s : Selections(spec_.page_size)) {
+    SCOPED_TRACE(s.name);
+    Buffers actual(pool_, device_), expected(pool_, device_);
+    const std::vector<LayerBuffers> table = actual.Table();
+    const CopyTask task =
+        MakeTask(s, CopyDirection::kDeviceToHost, &actual, &table);
+    for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+      engine_.CopyLayer(task, layer);
+      ReferenceCopy(s, /*to_device=*/false, layer, &expected);
+    }
+    ASSERT_TRUE(actual.Equals(expected));
+  }
+}
+
+TEST_P(CopyEngineTest, BackupThenLoadElsewhereMovesTheTokens) {
+  // Back up device slots into host pages, then load those host pages into
+  // other device slots: the tokens arrive unchanged.
+  const uint64_t ps = spec_.page_size;
+  const Selection backup{"backup", {{2 * ps, ps}, {0, ps}}, {{ps + 1, 2 * ps}}};
+  const Selection load{"load", {{2 * ps, ps}, {0, ps}}, {{5 * ps, 2 * ps}}};
+  Buffers b(pool_, device_);
+  const std::vector<LayerBuffers> table = b.Table();
+  const CopyTask out = MakeTask(backup, CopyDirection::kDeviceToHost, &b,
+                                &table);
+  const CopyTask in = MakeTask(load, CopyDirection::kHostToDevice, &b, &table);
+  const auto before = b.device;
+  for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+    engine_.CopyLayer(out, layer);
+  }
+  for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+    engine_.CopyLayer(in, layer);
+    for (uint32_t kv = 0; kv < pool_.planes(); ++kv) {
+      const uint64_t row = device_.ByteOffset(1, 0, 0);  // bytes per slot
+      for (uint64_t t = 0; t < 2 * ps; ++t) {
+        const auto src = before[layer][kv].begin() + (ps + 1 + t) * row;
+        const auto dst = b.device[layer][kv].begin() + (5 * ps + t) * row;
+        ASSERT_TRUE(std::equal(src, src + row, dst))
+            << "layer " << layer << " plane " << kv << " token " << t;
+      }
+    }
+  }
+}
+
+TEST_P(CopyEngineTest, SlicesGiveTheSameBytesAsOneCopy) {
+  for (CopyDirection direction :
+       {CopyDirection::kHostToDevice, CopyDirection::kDeviceToHost}) {
+    for (const Selection& s : Selections(spec_.page_size)) {
+      SCOPED_TRACE(s.name);
+      Buffers sliced(pool_, device_), whole(pool_, device_),
+          expected(pool_, device_);
+      const std::vector<LayerBuffers> sliced_table = sliced.Table();
+      const std::vector<LayerBuffers> whole_table = whole.Table();
+      const CopyTask sliced_task = MakeTask(s, direction, &sliced,
+                                            &sliced_table);
+      const CopyTask whole_task = MakeTask(s, direction, &whole, &whole_table);
+      const uint64_t n = sliced_task.total_tokens;
+      // Cuts inside runs and pages, at run ends, plus an empty slice.
+      std::vector<uint64_t> cuts = {0, 1, spec_.page_size + 3, n / 2, n / 2,
+                                    n - 1, n};
+      for (uint64_t& c : cuts) c = std::min(c, n);
+      std::sort(cuts.begin(), cuts.end());
+      for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+        for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+          CopyLayerSlice(sliced_task, layer, cuts[i], cuts[i + 1]);
+        }
+        CopyLayerSlice(whole_task, layer, 0, n);
+        ReferenceCopy(s, direction == CopyDirection::kHostToDevice, layer,
+                      &expected);
+      }
+      ASSERT_TRUE(whole.Equals(expected));
+      ASSERT_TRUE(sliced.Equals(expected));
+    }
+  }
+}
+
+TEST_P(CopyEngineTest, EmptyTaskCopiesNothing) {
+  Buffers actual(pool_, device_), expected(pool_, device_);
+  const std::vector<LayerBuffers> table = actual.Table();
+  const Selection none{"none", {}, {}};
+  for (CopyDirection direction :
+       {CopyDirection::kHostToDevice, CopyDirection::kDeviceToHost}) {
+    const CopyTask task = MakeTask(none, direction, &actual, &table);
+    for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+      engine_.CopyLayer(task, layer);
+      CopyLayerSlice(task, layer, 0, 0);
+    }
+  }
+  EXPECT_TRUE(actual.Equals(expected));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllLayouts, CopyEngineTest, ::testing::ValuesIn(AllCopyCases()),
+    [](const ::testing::TestParamInfo<CopyCase>& info) {
+      return reference::SpecName(info.param.spec) + "_" +
+             MechanismName(info.param.mechanism) + "_t" +
+             std::to_string(info.param.threads);
+    });
+
+// ---------------------------------------------------------------------------
+// Layers big enough for CpuCopyEngine to split them over the workers.
+
+using LargeCase = std::tuple<Attention, HostLayout, CopyMechanism>;
+
+class LargeLayerCopyTest : public ::testing::TestWithParam<LargeCase> {
+ protected:
+  static constexpr uint64_t kPageSize = 64;
+  static constexpr uint64_t kHostPages = 20;
+  static constexpr uint64_t kDevicePages = 24;
+  static constexpr uint64_t kMovedPages = 16;  // 1024 tokens, ~1 MiB a layer
+
+  static PoolSpec Spec() {
+    PoolSpec s;
+    s.attention = std::get<0>(GetParam());
+    s.layout = std::get<1>(GetParam());
+    s.layers = 2;
+    s.heads = s.attention == Attention::kMha ? 4 : 1;
+    s.dim = s.attention == Attention::kMha ? 64 : 576;
+    s.itemsize = 2;
+    s.page_size = kPageSize;
+    s.size = kHostPages * kPageSize;
+    return s;
+  }
+
+  // Host pages (7i + 3) % 20 to device pages (5i + 1) % 24.
+  static Selection Scattered() {
+    Selection s{"scattered", {}, {}};
+    for (uint64_t i = 0; i < kMovedPages; ++i) {
+      s.host.push_back({(7 * i + 3) % kHostPages * kPageSize, kPageSize});
+      s.device.push_back({(5 * i + 1) % kDevicePages * kPageSize, kPageSize});
+    }
+    return s;
+  }
+};
+
+TEST_P(LargeLayerCopyTest, FourWorkersMatchTheReference) {
+  const PoolSpec spec = Spec();
+  const ReferencePool pool(spec);
+  const ReferenceDevice device(spec, kDevicePages * kPageSize);
+  const Selection s = Scattered();
+  WorkerPool workers(4);
+  CpuCopyEngine engine(&workers);
+  for (CopyDirection direction :
+       {CopyDirection::kHostToDevice, CopyDirection::kDeviceToHost}) {
+    const bool to_device = direction == CopyDirection::kHostToDevice;
+    SCOPED_TRACE(to_device ? "load" : "backup");
+    Buffers actual(pool, device), expected(pool, device);
+    const std::vector<LayerBuffers> table = actual.Table();
+    CopyTask task;
+    task.geometry = reference::ToGeometry(spec);
+    task.host_base = actual.host.data();
+    task.layers = table.data();
+    task.runs = ZipRuns(s.host, s.device);
+    task.IndexRuns();
+    task.direction = direction;
+    task.mechanism = std::get<2>(GetParam());
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      engine.CopyLayer(task, layer);
+      uint8_t* planes[2] = {expected.device[layer][0].data(),
+                            expected.device[layer][1].data()};
+      reference::ReferenceCopyLayer(pool, device, to_device, layer,
+                                    Expand(s.host), Expand(s.device),
+                                    expected.host.data(), planes);
+    }
+    ASSERT_TRUE(actual.Equals(expected));
+  }
+}
+
+std::vector<LargeCase> AllLargeCases() {
+  std::vector<LargeCase> cases;
+  for (Attention attention : {Attention::kMha, Attention::kMla}) {
+    for (HostLayout layout : reference::AllLayouts()) {
+      if (!reference::LayoutDefined(attention, layout)) continue;
+      for (CopyMechanism m : {CopyMechanism::kKernel, CopyMechanism::kDirect}) {
+        cases.emplace_back(attention, layout, m);
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllLayouts, LargeLayerCopyTest, ::testing::ValuesIn(AllLargeCases()),
+    [](const ::testing::TestParamInfo<LargeCase>& info) {
+      return std::string(std::get<0>(info.param) == Attention::kMha ? "mha_"
+                                                                     : "mla_") +
+             HostLayoutName(std::get<1>(info.param)) + "_" +
+             MechanismName(std::get<2>(info.param));
+    });
+
+}  // namespace
+}  // namespace hostkv

@@ -1,0 +1,8 @@
+#!/bin/sh
+# Container entrypoint: hostkvd with the container's flags; an optional
+# config file mounted at /etc/hostkv/hostkvd.textproto is picked up.
+set -e
+if [ -f /etc/hostkv/hostkvd.textproto ]; then
+  set -- --config=/etc/hostkv/hostkvd.textproto "$@"
+fi
+exec /usr/local/bin/hostkvd "$@"

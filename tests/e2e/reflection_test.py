@@ -1,0 +1,140 @@
+#!/usr/bin/python3
+"""The operator's view of a running hostkvd, as grpcurl sees it.
+
+Starts hostkvd, runs `hostkv demo`, then does what
+`grpcurl -plaintext -unix SOCK list` and
+`grpcurl ... hostkv.v1.HostKV/GetPoolStats` and `grpc.health.v1.Health/Check`
+do: everything is resolved through server reflection, no .proto file is read
+for hostkv or health. Checks the numbers the demo left behind.
+
+usage: reflection_test.py HOSTKVD HOSTKV_CLI
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format
+from google.protobuf import message_factory
+from grpc_tools import protoc
+
+REFLECTION_PROTO = "grpc/reflection/v1alpha/reflection.proto"
+
+
+def reflection_stubs(workdir):
+    """Generates the reflection client (the one .proto grpcurl also knows)."""
+    rc = protoc.main(["protoc", "-I/usr/share/grpc-proto", f"--python_out={workdir}",
+                      REFLECTION_PROTO])
+    assert rc == 0, "protoc failed on the reflection proto"
+    sys.path.insert(0, os.path.join(workdir, "grpc", "reflection", "v1alpha"))
+    import reflection_pb2  # noqa: E402
+    return reflection_pb2
+
+
+class Reflector:
+    def __init__(self, channel, pb):
+        self.pb = pb
+        self.call = channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=pb.ServerReflectionRequest.SerializeToString,
+            response_deserializer=pb.ServerReflectionResponse.FromString)
+        self.pool = descriptor_pool.DescriptorPool()
+        self.added = set()
+
+    def ask(self, **kwargs):
+        responses = list(self.call(iter([self.pb.ServerReflectionRequest(**kwargs)])))
+        assert len(responses) == 1
+        r = responses[0]
+        assert not r.HasField("error_response"), r.error_response
+        return r
+
+    def services(self):
+        return sorted(s.name for s in self.ask(list_services="").list_services_response.service)
+
+    def load_symbol(self, symbol):
+        r = self.ask(file_containing_symbol=symbol)
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                 for b in r.file_descriptor_response.file_descriptor_proto]
+        # Dependencies come in the same answer; add them before dependents.
+        pending = {f.name: f for f in files}
+        while pending:
+            for name, f in list(pending.items()):
+                if all(d in self.added for d in f.dependency):
+                    self.pool.Add(f)
+                    self.added.add(name)
+                    del pending[name]
+                    break
+            else:
+                raise AssertionError(f"unresolvable dependencies: {list(pending)}")
+
+    def unary(self, channel, service, method, request_json):
+        self.load_symbol(service)
+        m = self.pool.FindServiceByName(service).FindMethodByName(method)
+        factory = message_factory.MessageFactory(self.pool)
+        req_cls = factory.GetPrototype(m.input_type)
+        resp_cls = factory.GetPrototype(m.output_type)
+        request = json_format.Parse(request_json, req_cls())
+        call = channel.unary_unary(f"/{service}/{method}",
+                                   request_serializer=req_cls.SerializeToString,
+                                   response_deserializer=resp_cls.FromString)
+        return json.loads(json_format.MessageToJson(call(request, timeout=10)))
+
+
+def main():
+    hostkvd, cli = sys.argv[1], sys.argv[2]
+    workdir = tempfile.mkdtemp(prefix="hostkv-reflection-")
+    sock = os.path.join(workdir, "hostkvd.sock")
+    daemon = subprocess.Popen([hostkvd, f"--listen=unix:{sock}", "--memory_reserve=256MiB"])
+    try:
+        for _ in range(500):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        demo = subprocess.run([cli, f"--target=unix:{sock}", "demo"], capture_output=True,
+                              text=True, timeout=60)
+        print(demo.stdout)
+        assert demo.returncode == 0, demo.stderr
+        assert "OK: all" in demo.stdout
+
+        pb = reflection_stubs(workdir)
+        channel = grpc.insecure_channel(f"unix:{sock}")
+        reflector = Reflector(channel, pb)
+        services = reflector.services()
+        print("services:", services)
+        for want in ("hostkv.v1.HostKV", "grpc.health.v1.Health",
+                     "grpc.reflection.v1alpha.ServerReflection"):
+            assert want in services, f"{want} missing from {services}"
+
+        stats = reflector.unary(channel, "hostkv.v1.HostKV", "GetPoolStats", "{}")
+        print("GetPoolStats:", json.dumps(stats))
+        pool = stats["pools"][0]
+        assert pool["name"] == "demo"
+        # The demo pool: 4096 tokens, page_size 16 -> (4096 // 16 + 1) pages.
+        assert pool["capacityPages"] == "257", pool
+        assert pool["freePages"] == "257", pool
+        assert pool.get("usedPages", "0") == "0", pool
+        assert pool["loads"] == "1" and pool["backups"] == "1", pool
+        assert pool["layout"] == "LAYOUT_PAGE_FIRST", pool
+
+        for service in ("", "hostkv.v1.HostKV"):
+            health = reflector.unary(channel, "grpc.health.v1.Health", "Check",
+                                     json.dumps({"service": service}))
+            print(f"Health/Check({service!r}):", health)
+            assert health["status"] == "SERVING", health
+
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10) == 0
+        print("PASS")
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
