@@ -1,15 +1,26 @@
 #include "hostkv/client.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
 #include "proto/contract/op_signal.h"
+#include "proto/contract/session_attach.h"
 #include "proto/contract/shm_segment.h"
 #include "proto/contract/status_macros.h"
 
@@ -18,10 +29,17 @@ namespace hostkv {
 struct Client::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::HostKV::Stub> stub;
+  std::string auth_token;
   uint64_t session_id = 0;
+  uint32_t session_number = 0;
   bool open = false;
   ShmSegment signals;  // read-only
   uint32_t signal_slots = 0;
+  ScopedFd session_socket;  // attached: the session lives while it is open
+  // TCP: renews the lease until `stop_renewing` is notified.
+  std::thread renewer;
+  absl::Mutex renew_mu;
+  bool stop_renewing ABSL_GUARDED_BY(renew_mu) = false;
 
   // Calls one unary method with a deadline and converts the status.
   template <typename Request, typename Response, typename Method>
@@ -29,6 +47,9 @@ struct Client::Impl {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::seconds(60));
+    if (!auth_token.empty()) {
+      context.AddMetadata("authorization", "Bearer " + auth_token);
+    }
     Response response;
     grpc::Status status = (stub.get()->*method)(&context, request, &response);
     if (!status.ok()) return FromGrpcStatus(status);
@@ -37,6 +58,34 @@ struct Client::Impl {
 };
 
 namespace {
+
+// Attaches the session socket "<path>.session" for `session_id`.
+absl::StatusOr<ScopedFd> AttachSessionSocket(const std::string& socket_path,
+                                             uint64_t session_id) {
+  const std::string path = socket_path + kSessionSocketSuffix;
+  ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError("session socket path too long: " + path);
+  }
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot attach session socket ", path, ": ", std::strerror(errno)));
+  }
+  const SessionAttach attach{kSessionAttachMagic, 1, session_id};
+  SessionAttachReply reply{};
+  if (send(fd.get(), &attach, sizeof(attach), MSG_NOSIGNAL) != sizeof(attach) ||
+      recv(fd.get(), &reply, sizeof(reply), 0) != sizeof(reply)) {
+    return absl::UnavailableError("the daemon closed the session socket");
+  }
+  reply.message[sizeof(reply.message) - 1] = '\0';
+  if (reply.code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code), reply.message);
+  }
+  return fd;
+}
 
 void FillRuns(const std::vector<PageRange>& pages,
               google::protobuf::RepeatedPtrField<v1::PageRun>* out) {
@@ -61,8 +110,17 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() { Close().IgnoreError(); }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const std::string& target, const std::string& client_name) {
+    const std::string& target, const std::string& client_name,
+    const ConnectOptions& options) {
+  if (absl::StartsWith(target, "unix:")) {
+    struct stat st;
+    if (stat(target.c_str() + 5, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+      return absl::UnavailableError(absl::StrCat(
+          "no hostkvd socket at ", target.substr(5), " (is hostkvd running?)"));
+    }
+  }
   auto impl = std::make_unique<Impl>();
+  impl->auth_token = options.auth_token;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
@@ -82,9 +140,31 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                    (impl->Call<v1::OpenSessionRequest, v1::OpenSessionResponse>(
                        &v1::HostKV::Stub::OpenSession, request)));
   impl->session_id = response.session_id();
+  impl->session_number = response.session_number();
   impl->open = true;
   impl->signal_slots = response.signal_slots();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
+  Impl& self = *client->impl_;
+  if (absl::StartsWith(target, "unix:")) {
+    ASSIGN_OR_RETURN(self.session_socket,
+                     AttachSessionSocket(target.substr(5), self.session_id));
+  } else {
+    const absl::Duration period =
+        absl::Seconds(std::max<uint32_t>(1, response.lease_seconds())) / 3;
+    self.renewer = std::thread([&self, period] {
+      v1::RenewSessionRequest renew;
+      renew.set_session_id(self.session_id);
+      absl::MutexLock lock(&self.renew_mu);
+      while (!self.renew_mu.AwaitWithTimeout(
+          absl::Condition(&self.stop_renewing), period)) {
+        self.renew_mu.Unlock();
+        self.Call<v1::RenewSessionRequest, v1::RenewSessionResponse>(
+                &v1::HostKV::Stub::RenewSession, renew)
+            .IgnoreError();
+        self.renew_mu.Lock();
+      }
+    });
+  }
   absl::StatusOr<ShmSegment> signals = ShmSegment::Open(
       response.signal_segment(), ShmSegment::Access::kReadOnly);
   if (!signals.ok()) return signals.status();  // ~Client closes the session
@@ -96,15 +176,26 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 }
 
 uint64_t Client::session_id() const { return impl_->session_id; }
+uint32_t Client::session_number() const { return impl_->session_number; }
 
 absl::Status Client::Close() {
+  if (impl_->renewer.joinable()) {
+    {
+      absl::MutexLock lock(&impl_->renew_mu);
+      impl_->stop_renewing = true;
+    }
+    impl_->renewer.join();
+  }
   if (!impl_->open) return absl::OkStatus();
   impl_->open = false;
   v1::CloseSessionRequest request;
   request.set_session_id(impl_->session_id);
-  return impl_->Call<v1::CloseSessionRequest, v1::CloseSessionResponse>(
-                 &v1::HostKV::Stub::CloseSession, request)
-      .status();
+  absl::Status status =
+      impl_->Call<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+          &v1::HostKV::Stub::CloseSession, request)
+          .status();
+  impl_->session_socket = ScopedFd();
+  return status;
 }
 
 absl::StatusOr<v1::Pool> Client::CreatePool(const v1::PoolSpec& spec,
@@ -192,6 +283,20 @@ absl::StatusOr<uint64_t> Client::Free(const std::string& pool,
                    (impl_->Call<v1::FreeRequest, v1::FreeResponse>(
                        &v1::HostKV::Stub::Free, request)));
   return response.pages_freed();
+}
+
+absl::StatusOr<uint64_t> Client::HandOverPages(
+    const std::string& pool, const std::vector<PageRange>& pages,
+    uint32_t to_session_number) {
+  v1::HandOverPagesRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  FillRuns(pages, request.mutable_pages());
+  request.set_to_session_number(to_session_number);
+  ASSIGN_OR_RETURN(v1::HandOverPagesResponse response,
+                   (impl_->Call<v1::HandOverPagesRequest, v1::HandOverPagesResponse>(
+                       &v1::HostKV::Stub::HandOverPages, request)));
+  return response.pages();
 }
 
 absl::StatusOr<Operation> Client::Transfer(

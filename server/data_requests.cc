@@ -8,6 +8,7 @@
 #include "server/pool_spec.h"
 #include "server/request_handler.h"
 #include "server/request_validation.h"
+#include "spdlog/spdlog.h"
 
 namespace hostkv {
 
@@ -38,13 +39,16 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
 
 absl::StatusOr<RequestHandler::OwnedPages> RequestHandler::ResolveOwnedPages(
     uint64_t session_id, const std::string& pool_name,
-    const google::protobuf::RepeatedPtrField<v1::PageRun>& pages) {
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& pages,
+    bool require_idle) {
   OwnedPages owned;
   ASSIGN_OR_RETURN(owned.session, sessions_->Get(session_id));
   ASSIGN_OR_RETURN(owned.pool, pools_->Get(pool_name));
   ASSIGN_OR_RETURN(owned.runs, ToPageRuns(pages));
-  RETURN_IF_ERROR(
-      owned.pool->allocator().CheckOwned(owned.runs, owned.session->tag()));
+  const SlotAllocator& allocator = owned.pool->allocator();
+  RETURN_IF_ERROR(require_idle
+                      ? allocator.CheckOwnedIdle(owned.runs, owned.session->tag())
+                      : allocator.CheckOwned(owned.runs, owned.session->tag()));
   return owned;
 }
 
@@ -57,6 +61,24 @@ absl::StatusOr<v1::FreeResponse> RequestHandler::Free(
   ASSIGN_OR_RETURN(uint64_t freed, pool->allocator().Free(runs, session->tag()));
   v1::FreeResponse response;
   response.set_pages_freed(freed);
+  return response;
+}
+
+absl::StatusOr<v1::HandOverPagesResponse> RequestHandler::HandOverPages(
+    const v1::HandOverPagesRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> from,
+                   sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> to,
+                   sessions_->FindByNumber(request.to_session_number()));
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
+  ASSIGN_OR_RETURN(const uint64_t pages,
+                   pool->allocator().HandOver(runs, from->tag(), to->tag()));
+  spdlog::info("session {} handed {} pages of pool '{}' to session {}",
+               from->tag(), pages, pool->name(), to->tag());
+  v1::HandOverPagesResponse response;
+  response.set_pages(pages);
   return response;
 }
 
@@ -75,7 +97,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(OwnedPages owned,
                    ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.host_pages()));
+                                     request.host_pages(), /*require_idle=*/false));
   const PoolGeometry& g = owned.pool->geometry();
   ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
                    owned.session->GetImport(request.import_id()));
@@ -95,9 +117,10 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
         "host_pages cover ", host_tokens, " tokens but device_slots cover ",
         device_tokens));
   }
-  const bool load = direction == CopyDirection::kHostToDevice;
-  RETURN_IF_ERROR(load ? CheckNoOverlap(device, "device_slots")
-                       : CheckNoOverlap(host, "host_pages"));
+  RETURN_IF_ERROR(CheckNoOverlap(host, "host_pages"));
+  if (direction == CopyDirection::kHostToDevice) {
+    RETURN_IF_ERROR(CheckNoOverlap(device, "device_slots"));
+  }
   const uint32_t layer_end =
       request.layer_end() == 0 ? g.num_layers : request.layer_end();
   if (request.layer_begin() >= layer_end || layer_end > g.num_layers) {
@@ -110,6 +133,8 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
                    ResolveMechanism(request.mechanism(),
                                     owned.pool->info().spec().default_mechanism()));
   auto op = std::make_unique<TransferOp>();
+  ASSIGN_OR_RETURN(op->host_pages,
+                   PinnedPages::Pin(owned.pool, owned.runs, owned.session->tag()));
   op->op_id = owned.session->NextOpId();
   op->import = import;
   op->signals = owned.session->signals();
@@ -150,7 +175,7 @@ absl::StatusOr<v1::ReadPagesResponse> RequestHandler::ReadPages(
     const v1::ReadPagesRequest& request) {
   ASSIGN_OR_RETURN(OwnedPages owned,
                    ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.pages()));
+                                     request.pages(), /*require_idle=*/true));
   ASSIGN_OR_RETURN(uint64_t bytes,
                    CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
   const PoolGeometry& g = owned.pool->geometry();
@@ -172,7 +197,7 @@ absl::StatusOr<v1::WritePagesResponse> RequestHandler::WritePages(
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(OwnedPages owned,
                    ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.pages()));
+                                     request.pages(), /*require_idle=*/true));
   ASSIGN_OR_RETURN(uint64_t bytes,
                    CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
   if (request.data().size() != bytes) {

@@ -44,7 +44,7 @@ DeviceImport::~DeviceImport() { pool_->imports().fetch_sub(1); }
 
 absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
     std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,
-    const std::string& reserved_prefix) {
+    const std::string& reserved_prefix, std::optional<uint32_t> peer_uid) {
   const PoolGeometry& g = pool->geometry();
   RETURN_IF_ERROR(CheckCounts(g, spec));
   // token_slots <= 2^40 and token_stride <= 2^28: no overflow.
@@ -80,6 +80,14 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
         if (!segment.ok()) {
           return absl::Status(segment.status().code(),
                               absl::StrCat(where, ": ", segment.status().message()));
+        }
+        // The owner is read from the descriptor the daemon maps: no window
+        // between the check and the mapping. Root may register anything.
+        if (peer_uid.has_value() && *peer_uid != 0 &&
+            segment->owner_uid() != *peer_uid) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              where, ": segment ", ref.shm_name, " belongs to uid ",
+              segment->owner_uid(), ", not to the client's uid ", *peer_uid));
         }
         import->segments_.push_back(std::move(*segment));
       }

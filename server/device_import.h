@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,10 +39,11 @@ class DeviceImport {
   // against the pool's geometry. InvalidArgument for wrong counts, sizes
   // too small for token_slots rows, or offset + size beyond the segment;
   // PermissionDenied for the daemon's own segments (names starting with
-  // `reserved_prefix`); the segment's error if it cannot be opened.
+  // `reserved_prefix`) and, when the client's uid is known (`peer_uid`), for
+  // segments another user owns; the segment's error if it cannot be opened.
   static absl::StatusOr<std::unique_ptr<DeviceImport>> OpenShm(
       std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,
-      const std::string& reserved_prefix);
+      const std::string& reserved_prefix, std::optional<uint32_t> peer_uid);
 
   ~DeviceImport();
   DeviceImport(const DeviceImport&) = delete;

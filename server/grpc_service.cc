@@ -24,13 +24,30 @@ grpc::Status Respond(const char* method, grpc::ServerContext* context,
 
 }  // namespace
 
+grpc::Status GrpcService::Authorize(const grpc::ServerContext& context) const {
+  if (auth_token_.empty()) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it != metadata.end() &&
+      std::string(it->second.data(), it->second.size()) ==
+          "Bearer " + auth_token_) {
+    return grpc::Status::OK;
+  }
+  spdlog::warn("refused a call from {}: missing or wrong token",
+               context.peer());
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "this daemon requires 'authorization: Bearer <token>'");
+}
+
 #define HOSTKV_RPC(Method, Request, Response)                              \
   grpc::Status GrpcService::Method(grpc::ServerContext* context,           \
                                    const v1::Request* request,             \
                                    v1::Response* response) {               \
+    if (grpc::Status auth = Authorize(*context); !auth.ok()) return auth;  \
     return Respond(#Method, context, handler_->Method(*request), response); \
   }
 HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
+HOSTKV_RPC(RenewSession, RenewSessionRequest, RenewSessionResponse)
 HOSTKV_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
 HOSTKV_RPC(CreatePool, CreatePoolRequest, Pool)
 HOSTKV_RPC(GetPool, GetPoolRequest, Pool)
@@ -42,6 +59,7 @@ HOSTKV_RPC(UnregisterDeviceBuffers, UnregisterDeviceBuffersRequest,
            UnregisterDeviceBuffersResponse)
 HOSTKV_RPC(Alloc, AllocRequest, AllocResponse)
 HOSTKV_RPC(Free, FreeRequest, FreeResponse)
+HOSTKV_RPC(HandOverPages, HandOverPagesRequest, HandOverPagesResponse)
 HOSTKV_RPC(Load, TransferRequest, TransferResponse)
 HOSTKV_RPC(Backup, TransferRequest, TransferResponse)
 HOSTKV_RPC(ReadPages, ReadPagesRequest, ReadPagesResponse)

@@ -3,6 +3,9 @@
 #ifndef HOSTKV_SERVER_GRPC_SERVICE_H_
 #define HOSTKV_SERVER_GRPC_SERVICE_H_
 
+#include <string>
+#include <utility>
+
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "server/request_handler.h"
 
@@ -10,12 +13,16 @@ namespace hostkv {
 
 class GrpcService final : public v1::HostKV::Service {
  public:
-  explicit GrpcService(RequestHandler* handler) : handler_(handler) {}
+  // With a non-empty `auth_token`, every call must carry the metadata
+  // "authorization: Bearer <auth_token>" (else UNAUTHENTICATED).
+  GrpcService(RequestHandler* handler, std::string auth_token)
+      : handler_(handler), auth_token_(std::move(auth_token)) {}
 
 #define HOSTKV_RPC(Method, Request, Response)                          \
   grpc::Status Method(grpc::ServerContext* context, const v1::Request* \
                       request, v1::Response* response) override;
   HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
+  HOSTKV_RPC(RenewSession, RenewSessionRequest, RenewSessionResponse)
   HOSTKV_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
   HOSTKV_RPC(CreatePool, CreatePoolRequest, Pool)
   HOSTKV_RPC(GetPool, GetPoolRequest, Pool)
@@ -27,6 +34,7 @@ class GrpcService final : public v1::HostKV::Service {
              UnregisterDeviceBuffersResponse)
   HOSTKV_RPC(Alloc, AllocRequest, AllocResponse)
   HOSTKV_RPC(Free, FreeRequest, FreeResponse)
+  HOSTKV_RPC(HandOverPages, HandOverPagesRequest, HandOverPagesResponse)
   HOSTKV_RPC(Load, TransferRequest, TransferResponse)
   HOSTKV_RPC(Backup, TransferRequest, TransferResponse)
   HOSTKV_RPC(ReadPages, ReadPagesRequest, ReadPagesResponse)
@@ -37,7 +45,11 @@ class GrpcService final : public v1::HostKV::Service {
 #undef HOSTKV_RPC
 
  private:
+  // OK, or UNAUTHENTICATED if a token is required and not presented.
+  grpc::Status Authorize(const grpc::ServerContext& context) const;
+
   RequestHandler* const handler_;
+  const std::string auth_token_;
 };
 
 }  // namespace hostkv

@@ -38,4 +38,29 @@ HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
       reservation_(std::move(reservation)),
       allocator_(geometry.num_pages()) {}
 
+absl::StatusOr<PinnedPages> PinnedPages::Pin(std::shared_ptr<HostPool> pool,
+                                             std::vector<PageRun> runs,
+                                             OwnerTag owner) {
+  RETURN_IF_ERROR(pool->allocator().Pin(runs, owner));
+  PinnedPages pinned;
+  pinned.pool_ = std::move(pool);
+  pinned.runs_ = std::move(runs);
+  return pinned;
+}
+
+PinnedPages& PinnedPages::operator=(PinnedPages&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool_ = std::move(other.pool_);
+    runs_ = std::move(other.runs_);
+  }
+  return *this;
+}
+
+void PinnedPages::Release() {
+  if (pool_ != nullptr) pool_->allocator().Unpin(runs_);
+  pool_.reset();
+  runs_.clear();
+}
+
 }  // namespace hostkv

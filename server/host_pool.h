@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
@@ -57,6 +58,27 @@ class HostPool {
   std::atomic<uint32_t> imports_{0};
   std::atomic<uint64_t> loads_{0};
   std::atomic<uint64_t> backups_{0};
+};
+
+// Pages of a pool pinned for a copy in flight (SlotAllocator::Pin): they
+// cannot be freed, read or written until this is released or dies. Keeps the
+// pool alive. Move-only.
+class PinnedPages {
+ public:
+  // Pins `runs` for `owner`; errors of SlotAllocator::Pin.
+  static absl::StatusOr<PinnedPages> Pin(std::shared_ptr<HostPool> pool,
+                                         std::vector<PageRun> runs,
+                                         OwnerTag owner);
+  PinnedPages() = default;
+  PinnedPages(PinnedPages&& other) noexcept = default;
+  PinnedPages& operator=(PinnedPages&& other) noexcept;
+  ~PinnedPages() { Release(); }
+
+  void Release();
+
+ private:
+  std::shared_ptr<HostPool> pool_;
+  std::vector<PageRun> runs_;
 };
 
 }  // namespace hostkv

@@ -1,4 +1,5 @@
 // hostkvd: the node-local host KV cache daemon.
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -29,14 +30,30 @@
 #include "server/memory_budget.h"
 #include "server/pool_registry.h"
 #include "server/request_handler.h"
+#include "proto/contract/session_attach.h"
+#include "server/session_monitor.h"
 #include "server/session_registry.h"
 #include "server/transfer_engine.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/hostkv/hostkvd.sock",
-          "gRPC address: unix:PATH (default; the socket gets --socket_mode) "
-          "or HOST:PORT for TCP (only when asked for)");
-ABSL_FLAG(std::string, socket_mode, "0660", "permissions of the Unix socket");
+          "gRPC address: unix:PATH (default; the socket gets --socket_mode and "
+          "--socket_group), tcp:PORT (127.0.0.1:PORT) or HOST:PORT (TCP on "
+          "that interface)");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "permissions of the Unix sockets (PATH and PATH.session)");
+ABSL_FLAG(std::string, socket_group, "",
+          "group of the Unix sockets (default: the daemon's)");
+ABSL_FLAG(absl::Duration, session_lease, absl::Seconds(30),
+          "a session without an attached session socket ends after this long "
+          "without a request");
+ABSL_FLAG(bool, allow_unverified_shm_names, false,
+          "let sessions whose peer is unknown (no session socket, e.g. TCP) "
+          "register shared-memory buffers by name; only for trusted "
+          "single-user setups");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a shared token; every call must then carry "
+          "'authorization: Bearer <token>' (meant for TCP)");
 ABSL_FLAG(std::string, memory_budget, "0",
           "most host memory all pools together may take (e.g. 64GiB); 0 = as "
           "much as is available minus --memory_reserve");
@@ -94,6 +111,8 @@ absl::Status CreateConfiguredPools(const std::string& path,
   return absl::OkStatus();
 }
 
+// Members are destroyed bottom-up: the monitor stops ending sessions before
+// the server and the state go away.
 struct Daemon {
   std::unique_ptr<MemoryBudget> budget;
   std::unique_ptr<PoolRegistry> pools;
@@ -102,10 +121,38 @@ struct Daemon {
   std::unique_ptr<RequestHandler> handler;
   std::unique_ptr<GrpcService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<SessionMonitor> monitor;
 };
 
+// "tcp:PORT" means loopback; everything else is used as given.
+std::string ResolveListen(const std::string& listen) {
+  if (absl::StartsWith(listen, "tcp:")) return "127.0.0.1:" + listen.substr(4);
+  return listen;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream file(path);
+  std::string token;
+  if (!file || !std::getline(file, token) || token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_token_file ", path, ": cannot read a token"));
+  }
+  return token;
+}
+
+absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
+  if (name.empty()) return static_cast<gid_t>(-1);
+  const group* g = getgrnam(name.c_str());
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket_group: no group named '", name, "'"));
+  }
+  return g->gr_gid;
+}
+
 int Run() {
-  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const std::string listen = ResolveListen(absl::GetFlag(FLAGS_listen));
   const bool unix_socket = absl::StartsWith(listen, "unix:");
   const std::string socket_path = unix_socket ? listen.substr(5) : "";
   absl::StatusOr<uint64_t> budget =
@@ -114,8 +161,11 @@ int Run() {
       ByteFlag("memory_reserve", absl::GetFlag(FLAGS_memory_reserve));
   absl::StatusOr<uint64_t> max_page_io =
       ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io));
+  absl::StatusOr<std::string> token = ReadToken(absl::GetFlag(FLAGS_auth_token_file));
+  absl::StatusOr<gid_t> socket_gid = ResolveGroup(absl::GetFlag(FLAGS_socket_group));
   uint32_t socket_mode = 0;
-  for (const absl::Status& s : {budget.status(), reserve.status(), max_page_io.status()}) {
+  for (const absl::Status& s : {budget.status(), reserve.status(), max_page_io.status(),
+                                token.status(), socket_gid.status()}) {
     if (!s.ok()) {
       spdlog::error("{}", std::string(s.message()));
       return 2;
@@ -157,6 +207,13 @@ int Run() {
       copy_threads > 0 ? static_cast<unsigned>(copy_threads) : cores);
   RequestLimits limits;
   limits.max_page_io_bytes = *max_page_io;
+  limits.reserved_segment_prefix = "/hostkv.";
+  limits.allow_unverified_shm_names = absl::GetFlag(FLAGS_allow_unverified_shm_names);
+  limits.session_lease = absl::GetFlag(FLAGS_session_lease);
+  if (limits.session_lease < absl::Seconds(1)) {
+    spdlog::error("--session_lease must be at least 1s");
+    return 2;
+  }
   d.handler = std::make_unique<RequestHandler>(limits, d.budget.get(),
                                                d.pools.get(), d.sessions.get(),
                                                d.transfers.get());
@@ -166,7 +223,7 @@ int Run() {
     return 1;
   }
 
-  d.service = std::make_unique<GrpcService>(d.handler.get());
+  d.service = std::make_unique<GrpcService>(d.handler.get(), *token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -181,9 +238,27 @@ int Run() {
     spdlog::error("cannot listen on {} (address in use or not permitted?)", listen);
     return 1;
   }
-  if (unix_socket && chmod(socket_path.c_str(), socket_mode) != 0) {
-    spdlog::warn("cannot chmod {} to {:o}", socket_path, socket_mode);
+  if (unix_socket) {
+    if (chmod(socket_path.c_str(), socket_mode) != 0) {
+      spdlog::warn("cannot chmod {} to {:o}", socket_path, socket_mode);
+    }
+    if (*socket_gid != static_cast<gid_t>(-1) &&
+        chown(socket_path.c_str(), -1, *socket_gid) != 0) {
+      spdlog::warn("cannot give {} to group {}", socket_path,
+                   absl::GetFlag(FLAGS_socket_group));
+    }
+  } else if (token->empty()) {
+    spdlog::warn("listening on TCP {} without --auth_token_file: anyone who "
+                 "can reach it can use it", listen);
   }
+  absl::StatusOr<std::unique_ptr<SessionMonitor>> monitor = SessionMonitor::Start(
+      d.handler.get(), unix_socket ? socket_path + kSessionSocketSuffix : "",
+      socket_mode, *socket_gid, limits.session_lease);
+  if (!monitor.ok()) {
+    spdlog::error("{}", std::string(monitor.status().message()));
+    return 1;
+  }
+  d.monitor = std::move(*monitor);
   grpc::HealthCheckServiceInterface* health = d.server->GetHealthCheckService();
   health->SetServingStatus("hostkv.v1.HostKV", true);
   health->SetServingStatus(true);
@@ -210,6 +285,7 @@ int Run() {
   });
   second_signal.detach();
   health->SetServingStatus(false);
+  d.monitor.reset();  // no session ends while the daemon drains
   d.handler->BeginShutdown();
   d.transfers->Drain();
   d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -35,12 +35,25 @@ absl::StatusOr<v1::OpenSessionResponse> RequestHandler::OpenSession(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Open(request.client_name(), request.pid()));
-  spdlog::info("session {:016x} opened: client='{}' pid={}", session->id(),
+  spdlog::info("session {} opened: client='{}' pid={}", session->tag(),
                session->client_name(), session->pid());
   v1::OpenSessionResponse response;
   response.set_session_id(session->id());
+  response.set_session_number(session->tag());
+  response.set_lease_seconds(static_cast<uint32_t>(
+      absl::ToInt64Seconds(limits_.session_lease)));
   response.set_signal_segment(session->signals()->name());
   response.set_signal_slots(session->signals()->records());
+  return response;
+}
+
+absl::StatusOr<v1::RenewSessionResponse> RequestHandler::RenewSession(
+    const v1::RenewSessionRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));  // touches it
+  v1::RenewSessionResponse response;
+  response.set_lease_seconds(static_cast<uint32_t>(
+      absl::ToInt64Seconds(limits_.session_lease)));
   return response;
 }
 
@@ -48,21 +61,52 @@ absl::StatusOr<v1::CloseSessionResponse> RequestHandler::CloseSession(
     const v1::CloseSessionRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Remove(request.session_id()));
-  session->signals()->Cancel();
-  session->signals()->AwaitIdle();
+  return Release(*session, "closed by the client");
+}
+
+absl::Status RequestHandler::EndSession(uint64_t id, const char* reason) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Remove(id));
+  Release(*session, reason);
+  return absl::OkStatus();
+}
+
+void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
+  for (const std::shared_ptr<Session>& session :
+       sessions_->IdleSince(absl::Now() - lease)) {
+    // A request may have touched it since; Remove only what is still idle.
+    if (session->last_active() >= absl::Now() - lease) continue;
+    if (sessions_->Remove(session->id()).ok()) {
+      Release(*session, "its lease expired");
+    }
+  }
+}
+
+absl::Status RequestHandler::AttachSession(uint64_t id,
+                                           const PeerCredentials& peer) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
+  RETURN_IF_ERROR(session->Attach(peer));
+  spdlog::info("session {} attached: pid={} uid={} gid={}", session->tag(),
+               peer.pid, peer.uid, peer.gid);
+  return absl::OkStatus();
+}
+
+v1::CloseSessionResponse RequestHandler::Release(Session& session,
+                                                 const char* reason) {
+  session.signals()->Cancel();
+  session.signals()->AwaitIdle();
   v1::CloseSessionResponse response;
   response.set_imports_closed(
-      static_cast<uint32_t>(session->TakeImports().size()));
+      static_cast<uint32_t>(session.TakeImports().size()));
   uint64_t pages = 0;
   for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
-    pages += pool->allocator().FreeAllOwnedBy(session->tag());
+    pages += pool->allocator().FreeAllOwnedBy(session.tag());
   }
   response.set_pages_freed(pages);
-  spdlog::info("session {:016x} closed: client='{}' freed {} pages, closed {} "
+  spdlog::info("session {} ended ({}): client='{}' freed {} pages, closed {} "
                "imports, open for {}",
-               session->id(), session->client_name(), pages,
+               session.tag(), reason, session.client_name(), pages,
                response.imports_closed(),
-               absl::FormatDuration(absl::Now() - session->opened()));
+               absl::FormatDuration(absl::Now() - session.opened()));
   return response;
 }
 
@@ -102,13 +146,23 @@ RequestHandler::RegisterDeviceBuffers(
                    sessions_->Get(request.session_id()));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
   ASSIGN_OR_RETURN(DeviceImportSpec spec, ToDeviceImportSpec(request));
+  const std::optional<PeerCredentials> peer = session->peer();
+  if (!peer.has_value() && !limits_.allow_unverified_shm_names) {
+    return absl::FailedPreconditionError(
+        "registering shared-memory buffers by name needs an attached session "
+        "socket (the client library attaches on unix: targets), or a daemon "
+        "started with --allow_unverified_shm_names");
+  }
+  std::optional<uint32_t> peer_uid;
+  if (peer.has_value()) peer_uid = peer->uid;
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceImport> import,
                    DeviceImport::OpenShm(pool, spec,
-                                         limits_.reserved_segment_prefix));
+                                         limits_.reserved_segment_prefix,
+                                         peer_uid));
   const uint64_t id = session->AddImport(std::move(import));
-  spdlog::info("session {:016x}: import {} opened for pool '{}' ({} layers, "
+  spdlog::info("session {}: import {} opened for pool '{}' ({} layers, "
                "{} token slots)",
-               session->id(), id, pool->name(), spec.k.size(), spec.token_slots);
+               session->tag(), id, pool->name(), spec.k.size(), spec.token_slots);
   v1::RegisterDeviceBuffersResponse response;
   response.set_import_id(id);
   return response;
@@ -120,7 +174,7 @@ RequestHandler::UnregisterDeviceBuffers(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
   RETURN_IF_ERROR(session->RemoveImport(request.import_id()));
-  spdlog::info("session {:016x}: import {} closed", session->id(),
+  spdlog::info("session {}: import {} closed", session->tag(),
                request.import_id());
   return v1::UnregisterDeviceBuffersResponse();
 }
@@ -167,12 +221,34 @@ absl::StatusOr<v1::GetPoolStatsResponse> RequestHandler::GetPoolStats(
       const uint32_t import_count = imp == imports.end() ? 0 : imp->second;
       if (pages == 0 && import_count == 0) continue;
       v1::SessionUsage* su = stats->add_sessions();
-      su->set_session_id(session->id());
+      su->set_session_number(session->tag());
       su->set_client_name(session->client_name());
       su->set_pages(pages);
       su->set_bytes(pages * g.page_bytes());
       su->set_imports(import_count);
     }
+  }
+  const std::vector<std::shared_ptr<HostPool>> all_pools = pools_->List();
+  const absl::Time now = absl::Now();
+  for (const std::shared_ptr<Session>& session : sessions) {
+    v1::SessionInfo* info = response.add_sessions();
+    info->set_session_number(session->tag());
+    info->set_client_name(session->client_name());
+    const std::optional<PeerCredentials> peer = session->peer();
+    info->set_pid(peer.has_value() ? peer->pid : session->pid());
+    info->set_uid(peer.has_value() ? peer->uid : 0);
+    info->set_attached(peer.has_value());
+    info->set_age_seconds(absl::ToDoubleSeconds(now - session->opened()));
+    info->set_idle_seconds(absl::ToDoubleSeconds(now - session->last_active()));
+    uint64_t pages = 0;
+    for (const auto& pool : all_pools) {
+      pages += pool->allocator().pages_owned_by(session->tag());
+    }
+    info->set_pages(pages);
+    uint32_t imports = 0;
+    for (const auto& [name, count] : session->ImportsByPool()) imports += count;
+    info->set_imports(imports);
+    info->set_operations_in_flight(session->signals()->in_flight());
   }
   response.set_memory_budget_bytes(budget_->budget_bytes());
   response.set_memory_reserved_bytes(budget_->reserved_bytes());

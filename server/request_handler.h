@@ -25,6 +25,12 @@ struct RequestLimits {
   // Shared-memory names with this prefix belong to the daemon and cannot be
   // registered as device buffers.
   std::string reserved_segment_prefix = "/hostkv.";
+  // Without an attached session socket the daemon cannot tell who the
+  // client is; registering shm buffers by name is then refused unless this
+  // is set (trusted single-user setups and TCP clients).
+  bool allow_unverified_shm_names = false;
+  // An unattached session ends after this long without a request.
+  absl::Duration session_lease = absl::Seconds(30);
 };
 
 // Thread-safe. Borrows its collaborators, which must outlive it.
@@ -38,6 +44,8 @@ class RequestHandler {
       const v1::OpenSessionRequest& request);
   // Abandons the session's copies not yet started, waits for the running
   // one, closes its imports and frees its pages.
+  absl::StatusOr<v1::RenewSessionResponse> RenewSession(
+      const v1::RenewSessionRequest& request);
   absl::StatusOr<v1::CloseSessionResponse> CloseSession(
       const v1::CloseSessionRequest& request);
 
@@ -55,6 +63,8 @@ class RequestHandler {
 
   absl::StatusOr<v1::AllocResponse> Alloc(const v1::AllocRequest& request);
   absl::StatusOr<v1::FreeResponse> Free(const v1::FreeRequest& request);
+  absl::StatusOr<v1::HandOverPagesResponse> HandOverPages(
+      const v1::HandOverPagesRequest& request);
 
   absl::StatusOr<v1::TransferResponse> Load(const v1::TransferRequest& request);
   absl::StatusOr<v1::TransferResponse> Backup(
@@ -73,11 +83,25 @@ class RequestHandler {
   // From now on, requests that would change state fail with Unavailable.
   void BeginShutdown() { shutting_down_.store(true); }
 
+  // Session liveness (SessionMonitor):
+  // Binds session `id` to the peer of its session socket. NotFound for an
+  // unknown session; FailedPrecondition if already attached.
+  absl::Status AttachSession(uint64_t id, const PeerCredentials& peer);
+  // Ends session `id` as CloseSession does; `reason` goes to the log.
+  // NotFound if it already ended.
+  absl::Status EndSession(uint64_t id, const char* reason);
+  // Ends every unattached session idle for longer than `lease`.
+  void ExpireIdleSessions(absl::Duration lease);
+
  private:
+  // Cancels the session's pending copies, waits for the running one, closes
+  // its imports, frees its pages. The session is out of the registry.
+  v1::CloseSessionResponse Release(Session& session, const char* reason);
   absl::Status CheckServing() const;
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
-  // The session, the pool, and the pages it owns in `runs`.
+  // The session, the pool, and the pages it owns in `runs` (with no copy in
+  // flight if require_idle).
   struct OwnedPages {
     std::shared_ptr<Session> session;
     std::shared_ptr<HostPool> pool;
@@ -85,7 +109,8 @@ class RequestHandler {
   };
   absl::StatusOr<OwnedPages> ResolveOwnedPages(
       uint64_t session_id, const std::string& pool_name,
-      const google::protobuf::RepeatedPtrField<v1::PageRun>& pages);
+      const google::protobuf::RepeatedPtrField<v1::PageRun>& pages,
+      bool require_idle);
   absl::StatusOr<uint64_t> CheckPageIoSize(const HostPool& pool,
                                            uint64_t pages) const;
 

@@ -13,7 +13,28 @@ Session::Session(uint64_t id, OwnerTag tag, std::string client_name,
       client_name_(std::move(client_name)),
       pid_(pid),
       opened_(absl::Now()),
-      signals_(std::move(signals)) {}
+      signals_(std::move(signals)),
+      last_active_ns_(absl::GetCurrentTimeNanos()) {}
+
+absl::Status Session::Attach(const PeerCredentials& peer) {
+  absl::MutexLock lock(&mu_);
+  if (peer_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", tag_, " already has an attached socket"));
+  }
+  peer_ = peer;
+  return absl::OkStatus();
+}
+
+bool Session::attached() const {
+  absl::MutexLock lock(&mu_);
+  return peer_.has_value();
+}
+
+std::optional<PeerCredentials> Session::peer() const {
+  absl::MutexLock lock(&mu_);
+  return peer_;
+}
 
 uint64_t Session::AddImport(std::shared_ptr<DeviceImport> import) {
   absl::MutexLock lock(&mu_);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,18 +23,41 @@
 
 namespace hostkv {
 
+// Who is at the other end of a session's attached Unix socket (SO_PEERCRED).
+struct PeerCredentials {
+  uint32_t pid = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
 // Thread-safe.
 class Session {
  public:
   Session(uint64_t id, OwnerTag tag, std::string client_name, uint32_t pid,
           std::shared_ptr<SignalBoard> signals);
 
+  // The secret the client names the session by.
   uint64_t id() const { return id_; }
+  // The public number of the session (stats, logs, hand-over); also its
+  // owner tag in the pools' allocators.
   OwnerTag tag() const { return tag_; }
   const std::string& client_name() const { return client_name_; }
   uint32_t pid() const { return pid_; }
   absl::Time opened() const { return opened_; }
   const std::shared_ptr<SignalBoard>& signals() const { return signals_; }
+
+  // Liveness: the time of the last request, and whether a session socket is
+  // attached (then the session lives as long as that connection).
+  void Touch() { last_active_ns_.store(absl::GetCurrentTimeNanos()); }
+  absl::Time last_active() const {
+    return absl::FromUnixNanos(last_active_ns_.load());
+  }
+  // Records the peer of the attached session socket. FailedPrecondition if
+  // one is attached already.
+  absl::Status Attach(const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  bool attached() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The attached peer, if any.
+  std::optional<PeerCredentials> peer() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A new operation id, unique within the session.
   uint64_t NextOpId() { return next_op_.fetch_add(1) + 1; }
@@ -59,8 +83,10 @@ class Session {
   const absl::Time opened_;
   const std::shared_ptr<SignalBoard> signals_;
   std::atomic<uint64_t> next_op_{0};
+  std::atomic<int64_t> last_active_ns_;
 
   mutable absl::Mutex mu_;
+  std::optional<PeerCredentials> peer_ ABSL_GUARDED_BY(mu_);
   uint64_t next_import_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<DeviceImport>> imports_
       ABSL_GUARDED_BY(mu_);

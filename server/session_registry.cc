@@ -46,7 +46,29 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(
     return absl::NotFoundError(
         absl::StrCat("no open session ", id, " (never opened, or closed)"));
   }
+  it->second->Touch();
   return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::FindByNumber(
+    OwnerTag number) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, session] : sessions_) {
+    if (session->tag() == number) return session;
+  }
+  return absl::NotFoundError(absl::StrCat("no open session number ", number));
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::IdleSince(
+    absl::Time cutoff) const {
+  std::vector<std::shared_ptr<Session>> idle;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, session] : sessions_) {
+    if (!session->attached() && session->last_active() < cutoff) {
+      idle.push_back(session);
+    }
+  }
+  return idle;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Remove(uint64_t id) {

@@ -27,8 +27,18 @@ class SessionRegistry {
                                                 uint32_t pid)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Returns NotFound for an unknown (or already closed) session.
+  // Returns NotFound for an unknown (or already closed) session. Counts as
+  // activity of the session (Session::Touch).
   absl::StatusOr<std::shared_ptr<Session>> Get(uint64_t id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The session with public number `number`; NotFound if none.
+  absl::StatusOr<std::shared_ptr<Session>> FindByNumber(OwnerTag number) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Sessions without an attached socket and without a request since
+  // `cutoff`.
+  std::vector<std::shared_ptr<Session>> IdleSince(absl::Time cutoff) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes the session from the registry and returns it (the caller

@@ -7,7 +7,9 @@
 namespace hostkv {
 
 SlotAllocator::SlotAllocator(uint64_t num_pages)
-    : num_pages_(num_pages), owner_(num_pages, kNoOwner) {
+    : num_pages_(num_pages),
+      owner_(num_pages, kNoOwner),
+      in_flight_(num_pages, 0) {
   if (num_pages > 0) free_.emplace(0, num_pages);
   free_pages_ = num_pages;
 }
@@ -60,7 +62,7 @@ absl::Status SlotAllocator::CheckRange(const PageRun& run) const {
 }
 
 absl::Status SlotAllocator::CheckOwnedLocked(const std::vector<PageRun>& runs,
-                                             OwnerTag owner) const {
+                                             OwnerTag owner, bool idle) const {
   for (const PageRun& run : runs) {
     if (absl::Status s = CheckRange(run); !s.ok()) return s;
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
@@ -68,6 +70,10 @@ absl::Status SlotAllocator::CheckOwnedLocked(const std::vector<PageRun>& runs,
         return absl::FailedPreconditionError(absl::StrCat(
             "page ", p, owner_[p] == kNoOwner ? " is not allocated"
                                               : " belongs to another session"));
+      }
+      if (idle && in_flight_[p] != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", p, " has a copy in flight; wait for its operation first"));
       }
     }
   }
@@ -77,13 +83,59 @@ absl::Status SlotAllocator::CheckOwnedLocked(const std::vector<PageRun>& runs,
 absl::Status SlotAllocator::CheckOwned(const std::vector<PageRun>& runs,
                                        OwnerTag owner) const {
   absl::ReaderMutexLock lock(&mu_);
-  return CheckOwnedLocked(runs, owner);
+  return CheckOwnedLocked(runs, owner, /*idle=*/false);
+}
+
+absl::Status SlotAllocator::CheckOwnedIdle(const std::vector<PageRun>& runs,
+                                           OwnerTag owner) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckOwnedLocked(runs, owner, /*idle=*/true);
+}
+
+absl::Status SlotAllocator::Pin(const std::vector<PageRun>& runs,
+                                OwnerTag owner) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, owner, false); !s.ok()) return s;
+  for (const PageRun& run : runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      ++in_flight_[p];
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SlotAllocator::Unpin(const std::vector<PageRun>& runs) {
+  absl::MutexLock lock(&mu_);
+  for (const PageRun& run : runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      --in_flight_[p];
+    }
+  }
+}
+
+absl::StatusOr<uint64_t> SlotAllocator::HandOver(const std::vector<PageRun>& runs,
+                                     OwnerTag from, OwnerTag to) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
+  uint64_t pages = 0;  // a page listed twice is moved (and counted) once
+  for (const PageRun& run : runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != from) continue;
+      owner_[p] = to;
+      ++pages;
+    }
+  }
+  if ((usage_[from] -= pages) == 0) usage_.erase(from);
+  usage_[to] += pages;
+  return pages;
 }
 
 absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
                                              OwnerTag owner) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckOwnedLocked(runs, owner); !s.ok()) return s;
+  if (absl::Status s = CheckOwnedLocked(runs, owner, /*idle=*/true); !s.ok()) {
+    return s;
+  }
   // Mark pages free run by run; a page listed twice is found free the second
   // time, and everything marked so far is given back to the owner.
   uint64_t freed = 0;

@@ -44,7 +44,8 @@ class SlotAllocator {
 
   // Frees pages owned by `owner`; returns how many. All or nothing:
   // InvalidArgument for a run out of range or empty; FailedPrecondition for
-  // a page that is free, owned by someone else, or listed twice.
+  // a page that is free, owned by someone else, listed twice, or touched by
+  // a copy in flight.
   absl::StatusOr<uint64_t> Free(const std::vector<PageRun>& runs,
                                 OwnerTag owner) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -53,8 +54,27 @@ class SlotAllocator {
   absl::Status CheckOwned(const std::vector<PageRun>& runs,
                           OwnerTag owner) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // CheckOwned, and FailedPrecondition if a copy in flight touches a page.
+  absl::Status CheckOwnedIdle(const std::vector<PageRun>& runs,
+                              OwnerTag owner) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks the pages as touched by one more copy in flight (they cannot be
+  // freed, read or written until Unpin). Errors of CheckOwned.
+  // REQUIRES: no page is listed twice (callers refuse overlapping runs), so
+  // the per-page count stays below the number of operations in flight.
+  absl::Status Pin(const std::vector<PageRun>& runs, OwnerTag owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // REQUIRES: a successful Pin of the same runs.
+  void Unpin(const std::vector<PageRun>& runs) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Frees every page `owner` holds; returns how many.
+  // REQUIRES: no copy in flight touches the owner's pages.
   uint64_t FreeAllOwnedBy(OwnerTag owner) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Gives `from`'s pages in `runs` to `to`; returns how many moved. All or
+  // nothing; errors of CheckOwnedIdle.
+  absl::StatusOr<uint64_t> HandOver(const std::vector<PageRun>& runs, OwnerTag from,
+                        OwnerTag to) ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t num_pages() const { return num_pages_; }
   uint64_t free_pages() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -68,7 +88,7 @@ class SlotAllocator {
  private:
   absl::Status CheckRange(const PageRun& run) const;
   absl::Status CheckOwnedLocked(const std::vector<PageRun>& runs,
-                                OwnerTag owner) const
+                                OwnerTag owner, bool idle) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void InsertFreeExtent(uint64_t first, uint64_t count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -77,6 +97,7 @@ class SlotAllocator {
 
   mutable absl::Mutex mu_;
   std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);        // per page
+  std::vector<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);    // per page
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
   uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<OwnerTag, uint64_t> usage_ ABSL_GUARDED_BY(mu_);

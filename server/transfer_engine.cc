@@ -19,6 +19,7 @@ TransferEngine::~TransferEngine() {
 absl::Status TransferEngine::Submit(std::unique_ptr<TransferOp> op) {
   absl::MutexLock lock(&mu_);
   if (stopping_) {
+    op->host_pages.Release();
     op->signals->Finish(op->signal_index, /*failed=*/true);
     return absl::UnavailableError("the daemon is shutting down");
   }
@@ -67,17 +68,22 @@ void TransferEngine::Run(TransferOp& op) {
     if (op.signals->cancelled()) {
       spdlog::debug("op {} abandoned after {} of {} layers: session closed",
                     op.op_id, i, layers);
+      op.host_pages.Release();
       op.signals->Finish(op.signal_index, /*failed=*/true);
       return;
     }
     copier_.CopyLayer(op.task, op.layer_begin + i);
+    if (i + 1 == layers) {
+      // A client that saw the last layer may free or read the pages at once.
+      op.host_pages.Release();
+      HostPool& pool = *op.import->pool();
+      if (op.task.direction == CopyDirection::kHostToDevice) {
+        pool.completed_loads().fetch_add(1);
+      } else {
+        pool.completed_backups().fetch_add(1);
+      }
+    }
     op.signals->Publish(op.signal_index, i + 1);
-  }
-  HostPool& pool = *op.import->pool();
-  if (op.task.direction == CopyDirection::kHostToDevice) {
-    pool.completed_loads().fetch_add(1);
-  } else {
-    pool.completed_backups().fetch_add(1);
   }
   op.signals->Finish(op.signal_index, /*failed=*/false);
 }

@@ -25,6 +25,7 @@ namespace hostkv {
 // alive until it finishes.
 struct TransferOp {
   uint64_t op_id = 0;
+  PinnedPages host_pages;  // released before the last layer is signalled
   std::shared_ptr<DeviceImport> import;
   std::shared_ptr<SignalBoard> signals;
   uint32_t signal_index = 0;

@@ -34,9 +34,21 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
                           p.used_pages(), p.free_pages(), pct,
                           Bytes(p.capacity_bytes()), p.loads(), p.backups());
     for (const v1::SessionUsage& s : p.sessions()) {
-      absl::StrAppendFormat(&out, "    session %016x %-20s %d pages (%s), %d imports\n",
-                            s.session_id(), s.client_name(), s.pages(),
+      absl::StrAppendFormat(&out, "    session %-4d %-20s %d pages (%s), %d imports\n",
+                            s.session_number(), s.client_name(), s.pages(),
                             Bytes(s.bytes()), s.imports());
+    }
+  }
+  if (stats.sessions_size() > 0) {
+    absl::StrAppendFormat(&out, "\n%-8s %-20s %8s %6s %-8s %9s %9s %10s %8s %9s\n",
+                          "SESSION", "CLIENT", "PID", "UID", "ATTACHED", "AGE(s)",
+                          "IDLE(s)", "PAGES", "IMPORTS", "IN FLIGHT");
+    for (const v1::SessionInfo& s : stats.sessions()) {
+      absl::StrAppendFormat(&out, "%-8d %-20s %8d %6d %-8s %9.1f %9.1f %10d %8d %9d\n",
+                            s.session_number(), s.client_name(), s.pid(), s.uid(),
+                            s.attached() ? "yes" : "no", s.age_seconds(),
+                            s.idle_seconds(), s.pages(), s.imports(),
+                            s.operations_in_flight());
     }
   }
   absl::StrAppendFormat(&out, "sessions open: %d   memory reserved: %s%s\n",

@@ -156,10 +156,10 @@ TEST(CopyTaskTest, IndexRunsFillsPrefixSums) {
                                      const std::vector<uint8_t>& expected,
                                      const std::vector<uint8_t>& actual) {
   if (expected.size() != actual.size()) {
-    return ::testing::AssertionFailure()
-           << what << ": size " << actual.size() << ", expected "
-           << expected.size();
+    return ::testing::AssertionFailure() << what << ": size " << actual.size()
+                                         << ", expected " << expected.size();
   }
+  if (expected == actual) return ::testing::AssertionSuccess();
   uint64_t diffs = 0, first = 0;
   for (uint64_t i = 0; i < expected.size(); ++i) {
     if (expected[i] != actual[i] && diffs++ == 0) first = i;
@@ -301,7 +301,8 @@ class CopyEngineTest : public ::testing::TestWithParam<CopyCase> {
 TEST_P(CopyEngineTest, LoadCopiesOneLayerAtATime) {
   for (const Selection& s : Selections(spec_.page_size)) {
     SCOPED_TRACE(s.name);
-    Buffers actual(pool_, device_), expected(pool_, device_);
+    Buffers actual(pool_, device_);
+    Buffers expected = actual;
     const std::vector<LayerBuffers> table = actual.Table();
     const CopyTask task =
         MakeTask(s, CopyDirection::kHostToDevice, &actual, &table);
@@ -320,7 +321,8 @@ TEST_P(CopyEngineTest, LoadCopiesOneLayerAtATime) {
 TEST_P(CopyEngineTest, BackupCopiesEveryLayer) {
   for (const Selection& s : Selections(spec_.page_size)) {
     SCOPED_TRACE(s.name);
-    Buffers actual(pool_, device_), expected(pool_, device_);
+    Buffers actual(pool_, device_);
+    Buffers expected = actual;
     const std::vector<LayerBuffers> table = actual.Table();
     const CopyTask task =
         MakeTask(s, CopyDirection::kDeviceToHost, &actual, &table);
@@ -340,8 +342,8 @@ TEST_P(CopyEngineTest, BackupThenLoadElsewhereMovesTheTokens) {
   const Selection load{"load", {{2 * ps, ps}, {0, ps}}, {{5 * ps, 2 * ps}}};
   Buffers b(pool_, device_);
   const std::vector<LayerBuffers> table = b.Table();
-  const CopyTask out = MakeTask(backup, CopyDirection::kDeviceToHost, &b,
-                                &table);
+  const CopyTask out =
+      MakeTask(backup, CopyDirection::kDeviceToHost, &b, &table);
   const CopyTask in = MakeTask(load, CopyDirection::kHostToDevice, &b, &table);
   const auto before = b.device;
   for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
@@ -366,16 +368,16 @@ TEST_P(CopyEngineTest, SlicesGiveTheSameBytesAsOneCopy) {
        {CopyDirection::kHostToDevice, CopyDirection::kDeviceToHost}) {
     for (const Selection& s : Selections(spec_.page_size)) {
       SCOPED_TRACE(s.name);
-      Buffers sliced(pool_, device_), whole(pool_, device_),
-          expected(pool_, device_);
+      Buffers sliced(pool_, device_);
+      Buffers whole = sliced, expected = sliced;
       const std::vector<LayerBuffers> sliced_table = sliced.Table();
       const std::vector<LayerBuffers> whole_table = whole.Table();
-      const CopyTask sliced_task = MakeTask(s, direction, &sliced,
-                                            &sliced_table);
+      const CopyTask sliced_task =
+          MakeTask(s, direction, &sliced, &sliced_table);
       const CopyTask whole_task = MakeTask(s, direction, &whole, &whole_table);
       const uint64_t n = sliced_task.total_tokens;
       // Cuts inside runs and pages, at run ends, plus an empty slice.
-      std::vector<uint64_t> cuts = {0, 1, spec_.page_size + 3, n / 2, n / 2,
+      std::vector<uint64_t> cuts = {0,     1, spec_.page_size + 3, n / 2, n / 2,
                                     n - 1, n};
       for (uint64_t& c : cuts) c = std::min(c, n);
       std::sort(cuts.begin(), cuts.end());
@@ -394,7 +396,8 @@ TEST_P(CopyEngineTest, SlicesGiveTheSameBytesAsOneCopy) {
 }
 
 TEST_P(CopyEngineTest, EmptyTaskCopiesNothing) {
-  Buffers actual(pool_, device_), expected(pool_, device_);
+  Buffers actual(pool_, device_);
+  Buffers expected = actual;
   const std::vector<LayerBuffers> table = actual.Table();
   const Selection none{"none", {}, {}};
   for (CopyDirection direction :
@@ -408,13 +411,13 @@ TEST_P(CopyEngineTest, EmptyTaskCopiesNothing) {
   EXPECT_TRUE(actual.Equals(expected));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllLayouts, CopyEngineTest, ::testing::ValuesIn(AllCopyCases()),
-    [](const ::testing::TestParamInfo<CopyCase>& info) {
-      return reference::SpecName(info.param.spec) + "_" +
-             MechanismName(info.param.mechanism) + "_t" +
-             std::to_string(info.param.threads);
-    });
+INSTANTIATE_TEST_SUITE_P(AllLayouts, CopyEngineTest,
+                         ::testing::ValuesIn(AllCopyCases()),
+                         [](const ::testing::TestParamInfo<CopyCase>& info) {
+                           return reference::SpecName(info.param.spec) + "_" +
+                                  MechanismName(info.param.mechanism) + "_t" +
+                                  std::to_string(info.param.threads);
+                         });
 
 // ---------------------------------------------------------------------------
 // Layers big enough for CpuCopyEngine to split them over the workers.
@@ -424,9 +427,10 @@ using LargeCase = std::tuple<Attention, HostLayout, CopyMechanism>;
 class LargeLayerCopyTest : public ::testing::TestWithParam<LargeCase> {
  protected:
   static constexpr uint64_t kPageSize = 64;
-  static constexpr uint64_t kHostPages = 20;
-  static constexpr uint64_t kDevicePages = 24;
-  static constexpr uint64_t kMovedPages = 16;  // 1024 tokens, ~1 MiB a layer
+  static constexpr uint64_t kHostPages = 12;
+  static constexpr uint64_t kDevicePages = 16;
+  static constexpr uint64_t kMovedPages = 8;  // 512 tokens, > 1 MiB a layer
+  static constexpr uint32_t kLayer = 1;
 
   static PoolSpec Spec() {
     PoolSpec s;
@@ -435,13 +439,13 @@ class LargeLayerCopyTest : public ::testing::TestWithParam<LargeCase> {
     s.layers = 2;
     s.heads = s.attention == Attention::kMha ? 4 : 1;
     s.dim = s.attention == Attention::kMha ? 64 : 576;
-    s.itemsize = 2;
+    s.itemsize = 4;
     s.page_size = kPageSize;
     s.size = kHostPages * kPageSize;
     return s;
   }
 
-  // Host pages (7i + 3) % 20 to device pages (5i + 1) % 24.
+  // Host pages (7i + 3) % 12 to device pages (5i + 1) % 16.
   static Selection Scattered() {
     Selection s{"scattered", {}, {}};
     for (uint64_t i = 0; i < kMovedPages; ++i) {
@@ -463,7 +467,8 @@ TEST_P(LargeLayerCopyTest, FourWorkersMatchTheReference) {
        {CopyDirection::kHostToDevice, CopyDirection::kDeviceToHost}) {
     const bool to_device = direction == CopyDirection::kHostToDevice;
     SCOPED_TRACE(to_device ? "load" : "backup");
-    Buffers actual(pool, device), expected(pool, device);
+    Buffers actual(pool, device);
+    Buffers expected = actual;
     const std::vector<LayerBuffers> table = actual.Table();
     CopyTask task;
     task.geometry = reference::ToGeometry(spec);
@@ -473,14 +478,16 @@ TEST_P(LargeLayerCopyTest, FourWorkersMatchTheReference) {
     task.IndexRuns();
     task.direction = direction;
     task.mechanism = std::get<2>(GetParam());
-    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
-      engine.CopyLayer(task, layer);
-      uint8_t* planes[2] = {expected.device[layer][0].data(),
-                            expected.device[layer][1].data()};
-      reference::ReferenceCopyLayer(pool, device, to_device, layer,
-                                    Expand(s.host), Expand(s.device),
-                                    expected.host.data(), planes);
-    }
+    // At least 256 KiB per shard: the layer is split four ways.
+    ASSERT_GE(task.total_tokens * task.geometry.token_stride() *
+                  task.geometry.kv_planes(),
+              4u * 256 * 1024);
+    engine.CopyLayer(task, kLayer);
+    uint8_t* planes[2] = {expected.device[kLayer][0].data(),
+                          expected.device[kLayer][1].data()};
+    reference::ReferenceCopyLayer(pool, device, to_device, kLayer,
+                                  Expand(s.host), Expand(s.device),
+                                  expected.host.data(), planes);
     ASSERT_TRUE(actual.Equals(expected));
   }
 }
@@ -498,14 +505,16 @@ std::vector<LargeCase> AllLargeCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllLayouts, LargeLayerCopyTest, ::testing::ValuesIn(AllLargeCases()),
-    [](const ::testing::TestParamInfo<LargeCase>& info) {
-      return std::string(std::get<0>(info.param) == Attention::kMha ? "mha_"
-                                                                     : "mla_") +
-             HostLayoutName(std::get<1>(info.param)) + "_" +
-             MechanismName(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllLayouts, LargeLayerCopyTest,
+                         ::testing::ValuesIn(AllLargeCases()),
+                         [](const ::testing::TestParamInfo<LargeCase>& info) {
+                           return std::string(std::get<0>(info.param) ==
+                                                      Attention::kMha
+                                                  ? "mha_"
+                                                  : "mla_") +
+                                  HostLayoutName(std::get<1>(info.param)) +
+                                  "_" + MechanismName(std::get<2>(info.param));
+                         });
 
 }  // namespace
 }  // namespace hostkv

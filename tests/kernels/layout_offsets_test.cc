@@ -245,12 +245,11 @@ TEST_P(LayoutOffsetsTest, DeviceOffsetsMatchTheDeviceTensor) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllLayouts, LayoutOffsetsTest,
-    ::testing::ValuesIn(reference::AllSmallPools(3)),
-    [](const ::testing::TestParamInfo<PoolSpec>& info) {
-      return reference::SpecName(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(AllLayouts, LayoutOffsetsTest,
+                         ::testing::ValuesIn(reference::AllSmallPools(3)),
+                         [](const ::testing::TestParamInfo<PoolSpec>& info) {
+                           return reference::SpecName(info.param);
+                         });
 
 TEST(PoolGeometryTest, LayoutNames) {
   EXPECT_STREQ("layer_first", HostLayoutName(HostLayout::kLayerFirst));
@@ -263,10 +262,10 @@ TEST(PoolGeometryTest, LayoutNames) {
 TEST(PoolGeometryTest, RealisticSizesMatchSglangFormulas) {
   // Llama-3-8B-like MHA: L=32, H=8, D=128, bf16; DeepSeek-like MLA: L=61,
   // kv_dim=576, bf16. 1000 pages of 64 tokens.
-  PoolSpec mha = Spec(Attention::kMha, HostLayout::kPageFirst, 32, 8, 128, 2,
-                      64, 64000);
-  PoolSpec mla = Spec(Attention::kMla, HostLayout::kPageFirstDirect, 61, 1,
-                      576, 2, 64, 64000);
+  PoolSpec mha =
+      Spec(Attention::kMha, HostLayout::kPageFirst, 32, 8, 128, 2, 64, 64000);
+  PoolSpec mla = Spec(Attention::kMla, HostLayout::kPageFirstDirect, 61, 1, 576,
+                      2, 64, 64000);
   const PoolGeometry gm = reference::ToGeometry(mha);
   const PoolGeometry gl = reference::ToGeometry(mla);
   EXPECT_EQ(2u * 32 * 8 * 128 * 2, gm.bytes_per_token());

@@ -51,9 +51,9 @@ class PageFormatTest : public ::testing::TestWithParam<PoolSpec> {
   }
 
   // The pool after set_from_flat_data_page(page, flat), per the reference.
-  std::vector<uint8_t> ReferenceSetPage(std::vector<uint8_t> pool,
-                                        uint64_t page,
-                                        const std::vector<uint8_t>& flat) const {
+  std::vector<uint8_t> ReferenceSetPage(
+      std::vector<uint8_t> pool, uint64_t page,
+      const std::vector<uint8_t>& flat) const {
     const std::vector<uint64_t> offsets =
         ref_.FlatPageByteOffsets(FirstToken(page));
     for (size_t e = 0; e < offsets.size(); ++e) {
@@ -95,8 +95,8 @@ class PageFormatTest : public ::testing::TestWithParam<PoolSpec> {
 TEST_P(PageFormatTest, CopyPageToFlatIsTheReferenceFlatPage) {
   for (uint64_t page : {2u, 0u, 3u, 1u}) {
     SCOPED_TRACE("page " + std::to_string(page));
-    const std::vector<uint8_t> expected = ref_.FlatPage(pool_.data(),
-                                                        FirstToken(page));
+    const std::vector<uint8_t> expected =
+        ref_.FlatPage(pool_.data(), FirstToken(page));
     ASSERT_EQ(g_.page_bytes(), expected.size());
     ASSERT_EQ(expected, ProductionFlatPage(pool_, page));
   }
@@ -138,8 +138,8 @@ TEST_P(PageFormatTest, PageMovesBetweenSlotsThroughTheFlatFormat) {
     reference::Coord moved = c;
     moved.token = c.token - 2 * spec_.page_size;
     for (uint64_t b = 0; b < spec_.itemsize; ++b) {
-      mismatches += pool_[ref_.ByteOffset(c) + b] !=
-                    other[ref_.ByteOffset(moved) + b];
+      mismatches +=
+          pool_[ref_.ByteOffset(c) + b] != other[ref_.ByteOffset(moved) + b];
     }
   });
   EXPECT_EQ(0u, mismatches);
@@ -176,8 +176,8 @@ TEST_P(PageFormatTest, AppendKeepsEarlierPieces) {
 TEST_P(PageFormatTest, BufferPiecesHoldTheFlatPageBytes) {
   for (uint64_t page = 0; page < kPages; ++page) {
     SCOPED_TRACE("page " + std::to_string(page));
-    const std::vector<uint8_t> flat = ref_.FlatPage(pool_.data(),
-                                                    FirstToken(page));
+    const std::vector<uint8_t> flat =
+        ref_.FlatPage(pool_.data(), FirstToken(page));
     // Where each pool byte of the page sits in the flat page.
     std::map<uint64_t, uint64_t> flat_position;
     const std::vector<uint64_t> offsets =
@@ -192,8 +192,8 @@ TEST_P(PageFormatTest, BufferPiecesHoldTheFlatPageBytes) {
     std::vector<uint8_t> covered(flat.size(), 0);
     std::vector<uint8_t> concatenated;
     for (const auto& [offset, size] : ProductionPieces({page})) {
-      ASSERT_TRUE(flat_position.count(offset)) << "piece at " << offset
-                                               << " is outside the page";
+      ASSERT_TRUE(flat_position.count(offset))
+          << "piece at " << offset << " is outside the page";
       const uint64_t start = flat_position[offset];
       ASSERT_LE(start + size, flat.size());
       for (uint64_t i = 0; i < size; ++i) {
@@ -213,12 +213,11 @@ TEST_P(PageFormatTest, BufferPiecesHoldTheFlatPageBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllLayouts, PageFormatTest,
-    ::testing::ValuesIn(reference::AllSmallPools(kPages)),
-    [](const ::testing::TestParamInfo<PoolSpec>& info) {
-      return reference::SpecName(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(AllLayouts, PageFormatTest,
+                         ::testing::ValuesIn(reference::AllSmallPools(kPages)),
+                         [](const ::testing::TestParamInfo<PoolSpec>& info) {
+                           return reference::SpecName(info.param);
+                         });
 
 }  // namespace
 }  // namespace hostkv

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,8 +86,8 @@ class RowMajorTensor {
     std::vector<uint64_t> slice_shape = shape_;
     slice_shape[axis] = length;
     std::vector<uint64_t> offsets;
-    RowMajorTensor(slice_shape).ForEachIndex(
-        [&](const std::vector<uint64_t>& slice_index) {
+    RowMajorTensor(slice_shape)
+        .ForEachIndex([&](const std::vector<uint64_t>& slice_index) {
           std::vector<uint64_t> index = slice_index;
           index[axis] += start;
           offsets.push_back(ElementOffset(index));
@@ -268,10 +269,10 @@ class ReferencePool {
 
   // get_page_buffer_meta(indices), with the pointers as offsets from base,
   // transcribed from REFERENCE.md.
-  std::vector<Piece> PageBufferMeta(const std::vector<uint64_t>& indices) const {
+  std::vector<Piece> PageBufferMeta(
+      const std::vector<uint64_t>& indices) const {
     const uint64_t L = spec_.layers, H = spec_.heads, D = spec_.dim,
-                   it = spec_.itemsize, ps = spec_.page_size,
-                   size = spec_.size;
+                   it = spec_.itemsize, ps = spec_.page_size, size = spec_.size;
     if (indices.size() % ps != 0) {
       throw std::invalid_argument("len(indices) % page_size != 0");
     }
@@ -295,8 +296,8 @@ class ReferencePool {
         const uint64_t kv_dim = D;
         if (spec_.layout == HostLayout::kLayerFirst) {
           for (uint64_t l = 0; l < L; ++l) {
-            pieces.push_back({idx * kv_dim * it + l * size * kv_dim * it,
-                              ps * kv_dim * it});
+            pieces.push_back(
+                {idx * kv_dim * it + l * size * kv_dim * it, ps * kv_dim * it});
           }
         } else {
           pieces.push_back({idx * L * kv_dim * it, L * ps * kv_dim * it});
@@ -312,13 +313,27 @@ class ReferencePool {
     std::vector<uint64_t> shape;
     for (Axis axis : axes) {
       switch (axis) {
-        case Axis::kKv: shape.push_back(2); break;
-        case Axis::kLayer: shape.push_back(spec.layers); break;
-        case Axis::kToken: shape.push_back(spec.size); break;
-        case Axis::kPage: shape.push_back(spec.size / spec.page_size); break;
-        case Axis::kInPage: shape.push_back(spec.page_size); break;
-        case Axis::kHead: shape.push_back(spec.heads); break;
-        case Axis::kDim: shape.push_back(spec.dim); break;
+        case Axis::kKv:
+          shape.push_back(2);
+          break;
+        case Axis::kLayer:
+          shape.push_back(spec.layers);
+          break;
+        case Axis::kToken:
+          shape.push_back(spec.size);
+          break;
+        case Axis::kPage:
+          shape.push_back(spec.size / spec.page_size);
+          break;
+        case Axis::kInPage:
+          shape.push_back(spec.page_size);
+          break;
+        case Axis::kHead:
+          shape.push_back(spec.heads);
+          break;
+        case Axis::kDim:
+          shape.push_back(spec.dim);
+          break;
       }
     }
     return shape;
@@ -326,13 +341,20 @@ class ReferencePool {
 
   uint64_t AxisValue(Axis axis, const Coord& c) const {
     switch (axis) {
-      case Axis::kKv: return c.kv;
-      case Axis::kLayer: return c.layer;
-      case Axis::kToken: return c.token;
-      case Axis::kPage: return c.token / spec_.page_size;
-      case Axis::kInPage: return c.token % spec_.page_size;
-      case Axis::kHead: return c.head;
-      case Axis::kDim: return c.dim;
+      case Axis::kKv:
+        return c.kv;
+      case Axis::kLayer:
+        return c.layer;
+      case Axis::kToken:
+        return c.token;
+      case Axis::kPage:
+        return c.token / spec_.page_size;
+      case Axis::kInPage:
+        return c.token % spec_.page_size;
+      case Axis::kHead:
+        return c.head;
+      case Axis::kDim:
+        return c.dim;
     }
     return 0;
   }
@@ -352,7 +374,9 @@ class ReferenceDevice {
   ReferenceDevice(const PoolSpec& spec, uint64_t slots)
       : spec_(spec), tensor_({slots, spec.heads, spec.dim}) {}
 
-  uint64_t BufferBytes() const { return tensor_.NumElements() * spec_.itemsize; }
+  uint64_t BufferBytes() const {
+    return tensor_.NumElements() * spec_.itemsize;
+  }
   uint64_t ByteOffset(uint64_t slot, uint64_t head, uint64_t dim) const {
     const uint64_t index[3] = {slot, head, dim};
     return tensor_.ElementOffset(index, 3) * spec_.itemsize;
@@ -419,9 +443,17 @@ inline uint8_t PatternByte(uint64_t position, uint64_t seed) {
   return static_cast<uint8_t>(x);
 }
 
+// PatternByte-like bytes for a whole buffer, one hash per 8 bytes.
 inline std::vector<uint8_t> PatternBuffer(uint64_t bytes, uint64_t seed) {
   std::vector<uint8_t> buffer(bytes);
-  for (uint64_t i = 0; i < bytes; ++i) buffer[i] = PatternByte(i, seed);
+  for (uint64_t word = 0; word * 8 < bytes; ++word) {
+    uint64_t x = word * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    const uint64_t n = bytes - word * 8 < 8 ? bytes - word * 8 : 8;
+    std::memcpy(buffer.data() + word * 8, &x, n);
+  }
   return buffer;
 }
 
@@ -490,9 +522,9 @@ inline std::string SpecName(const PoolSpec& s) {
                                          "page_first_direct", "page_head"};
   return std::string(s.attention == Attention::kMha ? "mha_" : "mla_") +
          kLayouts[static_cast<int>(s.layout)] + "_ps" +
-         std::to_string(s.page_size) + "_L" + std::to_string(s.layers) +
-         "_H" + std::to_string(s.heads) + "_D" + std::to_string(s.dim) +
-         "_it" + std::to_string(s.itemsize);
+         std::to_string(s.page_size) + "_L" + std::to_string(s.layers) + "_H" +
+         std::to_string(s.heads) + "_D" + std::to_string(s.dim) + "_it" +
+         std::to_string(s.itemsize);
 }
 
 }  // namespace reference

@@ -20,8 +20,7 @@ namespace {
 class ShardCounter {
  public:
   explicit ShardCounter(size_t shards)
-      : counts_(std::make_unique<std::atomic<int>[]>(shards)),
-        shards_(shards) {
+      : counts_(std::make_unique<std::atomic<int>[]>(shards)), shards_(shards) {
     for (size_t i = 0; i < shards; ++i) counts_[i] = 0;
   }
 
@@ -136,8 +135,7 @@ TEST_P(WorkerPoolTest, ShardsRunOnAtMostNumThreadsThreads) {
   EXPECT_LE(threads.size(), pool.num_threads());
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, WorkerPoolTest,
-                         ::testing::Values(1, 2, 4, 8),
+INSTANTIATE_TEST_SUITE_P(Threads, WorkerPoolTest, ::testing::Values(1, 2, 4, 8),
                          [](const ::testing::TestParamInfo<size_t>& info) {
                            return "t" + std::to_string(info.param);
                          });

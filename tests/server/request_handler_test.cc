@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/contract/op_signal.h"
 #include "proto/contract/shm_segment.h"
@@ -36,10 +38,19 @@ class RequestHandlerTest : public ::testing::Test {
         handler_(RequestLimits{1 << 16, Prefix()}, &budget_, &pools_,
                  &sessions_, &transfers_) {}
 
-  uint64_t OpenSession() {
+  // Opens a session and attaches it as this process (as the session socket
+  // would); `attach` false leaves it unattached.
+  uint64_t OpenSession(bool attach = true) {
     auto r = handler_.OpenSession(v1::OpenSessionRequest());
     EXPECT_OK(r);
-    return r.ok() ? r->session_id() : 0;
+    if (!r.ok()) return 0;
+    numbers_[r->session_id()] = r->session_number();
+    if (attach) {
+      EXPECT_OK(handler_.AttachSession(
+          r->session_id(), PeerCredentials{static_cast<uint32_t>(getpid()),
+                                            getuid(), getgid()}));
+    }
+    return r->session_id();
   }
 
   v1::PoolSpec Spec(const std::string& name, uint64_t tokens = 60) {
@@ -138,6 +149,7 @@ class RequestHandlerTest : public ::testing::Test {
   TransferEngine transfers_;
   RequestHandler handler_;
   ShmSegment device_;
+  std::map<uint64_t, uint32_t> numbers_;  // session id -> public number
   static inline int counter_ = 0;
 };
 
@@ -403,13 +415,89 @@ TEST_F(RequestHandlerTest, StatsShowUsagePerSession) {
   ASSERT_EQ(2, p.sessions_size());
   uint64_t pages_a = 0, pages_b = 0, imports_b = 0;
   for (const auto& su : p.sessions()) {
-    if (su.session_id() == a) pages_a = su.pages();
-    if (su.session_id() == b) pages_b = su.pages(), imports_b = su.imports();
+    if (su.session_number() == numbers_[a]) pages_a = su.pages();
+    if (su.session_number() == numbers_[b]) {
+      pages_b = su.pages();
+      imports_b = su.imports();
+    }
   }
   EXPECT_EQ(2u, pages_a);
   EXPECT_EQ(5u, pages_b);
   EXPECT_EQ(1u, imports_b);
   EXPECT_EQ(2u, stats->open_sessions());
+  ASSERT_EQ(2, stats->sessions_size());
+  for (const v1::SessionInfo& info : stats->sessions()) {
+    EXPECT_TRUE(info.attached());
+    EXPECT_EQ(static_cast<uint32_t>(getpid()), info.pid());
+    EXPECT_EQ(info.session_number() == numbers_[a] ? 2u : 5u, info.pages());
+  }
+}
+
+TEST_F(RequestHandlerTest, UnattachedSessionCannotRegisterShmNames) {
+  CreatePool("p");
+  const uint64_t s = OpenSession(/*attach=*/false);
+  EXPECT_ERROR(FailedPrecondition, handler_.RegisterDeviceBuffers(Registration(s)));
+  RequestLimits trusting{1 << 16, Prefix()};
+  trusting.allow_unverified_shm_names = true;
+  RequestHandler handler(trusting, &budget_, &pools_, &sessions_, &transfers_);
+  EXPECT_OK(handler.RegisterDeviceBuffers(Registration(s)));
+}
+
+TEST_F(RequestHandlerTest, SegmentsOfAnotherUserAreRefused) {
+  CreatePool("p");
+  auto r = handler_.OpenSession(v1::OpenSessionRequest());
+  ASSERT_OK(r);
+  // The segments are this process's; the peer claims another uid.
+  const uint32_t other_uid = getuid() + 4242;
+  ASSERT_OK(handler_.AttachSession(r->session_id(),
+                                   PeerCredentials{1, other_uid, other_uid}));
+  EXPECT_ERROR(PermissionDenied,
+               handler_.RegisterDeviceBuffers(Registration(r->session_id())));
+  EXPECT_ERROR(FailedPrecondition,
+               handler_.AttachSession(r->session_id(), PeerCredentials{}));
+}
+
+TEST_F(RequestHandlerTest, IdleUnattachedSessionsExpire) {
+  CreatePool("p");
+  const uint64_t idle = OpenSession(/*attach=*/false);
+  const uint64_t attached = OpenSession();
+  Alloc(idle, 8);
+  Alloc(attached, 8);
+  handler_.ExpireIdleSessions(absl::Hours(1));  // nobody is that idle
+  EXPECT_OK(sessions_.Get(idle));
+  absl::SleepFor(absl::Milliseconds(5));
+  handler_.ExpireIdleSessions(absl::Milliseconds(1));
+  EXPECT_ERROR(NotFound, sessions_.Get(idle));
+  EXPECT_OK(sessions_.Get(attached));  // attached sessions have no lease
+  EXPECT_EQ(14u, pools_.Get("p").value()->allocator().free_pages());
+  EXPECT_OK(handler_.EndSession(attached, "test"));
+  EXPECT_ERROR(NotFound, handler_.EndSession(attached, "test"));
+  EXPECT_EQ(16u, pools_.Get("p").value()->allocator().free_pages());
+}
+
+TEST_F(RequestHandlerTest, HandOverMovesOwnership) {
+  CreatePool("p");
+  const uint64_t old_engine = OpenSession();
+  const uint64_t new_engine = OpenSession();
+  Alloc(old_engine, 12);  // pages 0..2
+  v1::HandOverPagesRequest request;
+  request.set_session_id(old_engine);
+  request.set_pool("p");
+  auto* run = request.add_pages();
+  run->set_first_page(0);
+  run->set_num_pages(3);
+  request.set_to_session_number(numbers_[new_engine] + 1000);
+  EXPECT_ERROR(NotFound, handler_.HandOverPages(request));
+  request.set_to_session_number(numbers_[new_engine]);
+  auto moved = handler_.HandOverPages(request);
+  ASSERT_OK(moved);
+  EXPECT_EQ(3u, moved->pages());
+  EXPECT_ERROR(FailedPrecondition, handler_.HandOverPages(request));
+  EXPECT_ERROR(FailedPrecondition, Free(old_engine, 0, 3));
+  v1::CloseSessionRequest close;
+  close.set_session_id(old_engine);
+  EXPECT_EQ(0u, handler_.CloseSession(close)->pages_freed());
+  EXPECT_OK(Free(new_engine, 0, 3));
 }
 
 TEST_F(RequestHandlerTest, PageBufferMetaChecksRange) {

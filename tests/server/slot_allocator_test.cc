@@ -106,6 +106,33 @@ TEST_F(SlotAllocatorTest, FreeAllOwnedByReleasesOnlyThatOwner) {
   EXPECT_ERROR(FailedPrecondition, alloc_.CheckOwned({{0, 1}}, kAlice));
 }
 
+TEST_F(SlotAllocatorTest, PinnedPagesCannotBeFreedReadOrHandedOver) {
+  Alloc(4, kAlice);
+  ASSERT_OK(alloc_.Pin({{1, 2}}, kAlice));
+  ASSERT_OK(alloc_.Pin({{2, 1}}, kAlice));  // two copies touch page 2
+  EXPECT_ERROR(FailedPrecondition, alloc_.Pin({{0, 1}}, kBob));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Free({{0, 4}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.CheckOwnedIdle({{2, 1}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.HandOver({{1, 1}}, kAlice, kBob));
+  EXPECT_OK(alloc_.CheckOwned({{0, 4}}, kAlice));
+  EXPECT_OK(alloc_.CheckOwnedIdle({{0, 1}, {3, 1}}, kAlice));
+  alloc_.Unpin({{1, 2}});
+  EXPECT_ERROR(FailedPrecondition, alloc_.Free({{2, 1}}, kAlice));
+  alloc_.Unpin({{2, 1}});
+  EXPECT_OK(alloc_.Free({{0, 4}}, kAlice));
+}
+
+TEST_F(SlotAllocatorTest, HandOverMovesPagesAndUsage) {
+  Alloc(6, kAlice);
+  auto moved = alloc_.HandOver({{0, 3}, {2, 2}}, kAlice, kBob);  // page 2 twice
+  ASSERT_OK(moved);
+  EXPECT_EQ(4u, *moved);
+  EXPECT_EQ(2u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(4u, alloc_.pages_owned_by(kBob));
+  EXPECT_OK(alloc_.CheckOwned({{0, 4}}, kBob));
+  EXPECT_ERROR(FailedPrecondition, alloc_.HandOver({{0, 1}}, kAlice, kBob));
+}
+
 TEST_F(SlotAllocatorTest, UsageByOwnerCountsPages) {
   Alloc(3, kAlice);
   Alloc(7, kBob);

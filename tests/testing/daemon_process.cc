@@ -70,18 +70,22 @@ std::string ReadFile(const std::string& path) {
 
 }  // namespace
 
-DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) {
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args,
+                             std::string listen) {
   char tmpl[] = "/tmp/hostkv-e2e-XXXXXX";
   dir_ = mkdtemp(tmpl);
   socket_path_ = dir_ + "/hostkvd.sock";
   log_path_ = dir_ + "/hostkvd.log";
-  std::vector<std::string> args = {"--listen=unix:" + socket_path_,
+  target_ = listen.empty() ? "unix:" + socket_path_ : listen;
+  if (listen.rfind("tcp:", 0) == 0) target_ = "127.0.0.1:" + listen.substr(4);
+  std::vector<std::string> args = {"--listen=" + (listen.empty() ? target_ : listen),
                                    "--memory_reserve=256MiB",
                                    "--log_level=debug"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_ = Spawn(args, log_path_);
   for (int i = 0; i < 1000 && !started_; ++i) {
-    if (CanConnect(socket_path_)) {
+    if (log().find("listening on") != std::string::npos &&
+        (!listen.empty() || CanConnect(socket_path_))) {
       started_ = true;
       break;
     }

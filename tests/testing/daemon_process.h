@@ -12,16 +12,18 @@ namespace hostkv::testing {
 
 class DaemonProcess {
  public:
-  // Starts HOSTKVD_BINARY with --listen=unix:<fresh temp dir>/hostkvd.sock,
-  // a small memory reserve, and `extra_args`; waits until the socket
-  // accepts connections (up to 10 s). started() says whether it did.
-  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  // Starts HOSTKVD_BINARY with --listen=`listen` (default: a Unix socket
+  // in a fresh temp dir), a small memory reserve, and `extra_args`; waits
+  // until it logs that it listens (up to 10 s). started() says whether it
+  // did.
+  explicit DaemonProcess(std::vector<std::string> extra_args = {},
+                         std::string listen = "");
   ~DaemonProcess();  // SIGKILLs the daemon if it is still running
 
   bool started() const { return started_; }
   pid_t pid() const { return pid_; }
   const std::string& socket_path() const { return socket_path_; }
-  std::string target() const { return "unix:" + socket_path_; }
+  const std::string& target() const { return target_; }
   // The daemon's stderr so far.
   std::string log() const;
 
@@ -36,6 +38,7 @@ class DaemonProcess {
  private:
   std::string dir_;
   std::string socket_path_;
+  std::string target_;
   std::string log_path_;
   pid_t pid_ = -1;
   bool started_ = false;

@@ -57,18 +57,29 @@ struct TransferOptions {
   v1::CopyMechanism mechanism = v1::MECHANISM_UNSPECIFIED;
 };
 
+struct ConnectOptions {
+  // Sent as "authorization: Bearer <auth_token>" when not empty.
+  std::string auth_token;
+};
+
 class Client {
  public:
   // Connects to `target` ("unix:PATH" or "HOST:PORT") and opens a session
-  // named `client_name`. Returns Unavailable if the daemon cannot be reached.
+  // named `client_name`. On a Unix socket the session socket is attached, so
+  // the session ends by itself if this process dies; over TCP a background
+  // thread renews the session's lease. Returns Unavailable if the daemon
+  // cannot be reached.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const std::string& target, const std::string& client_name);
+      const std::string& target, const std::string& client_name,
+      const ConnectOptions& options = {});
 
   ~Client();  // Close()s the session if still open.
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
   uint64_t session_id() const;
+  // The session's public number (stats, HandOverPages).
+  uint32_t session_number() const;
 
   // Creates a pool; with attach_if_exists, an existing pool with the same
   // spec is returned instead of AlreadyExists.
@@ -92,6 +103,11 @@ class Client {
   // Frees pages; returns how many were freed.
   absl::StatusOr<uint64_t> Free(const std::string& pool,
                                 const std::vector<PageRange>& pages);
+  // Gives pages to the session numbered `to_session_number`; returns how
+  // many moved.
+  absl::StatusOr<uint64_t> HandOverPages(const std::string& pool,
+                                         const std::vector<PageRange>& pages,
+                                         uint32_t to_session_number);
 
   // Host pages -> device slots (load) or back (backup); returns once the
   // daemon has enqueued the copies.

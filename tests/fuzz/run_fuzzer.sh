@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds request_fuzzer (clang, libFuzzer, ASan + UBSan) in build-fuzz and
+# fuzzes for FUZZ_SECONDS (default 60) from a copy of the seed corpus.
+#
+# usage: tests/fuzz/run_fuzzer.sh [extra libFuzzer flags...]
+#   FUZZ_SECONDS=600 tests/fuzz/run_fuzzer.sh
+#   tests/fuzz/run_fuzzer.sh -jobs=2 -workers=2     # parallel, if cores allow
+# Replay a saved input:
+#   build-fuzz/tests/fuzz/request_fuzzer tests/fuzz/crashes/crash-<sha1>
+#
+# Environment: FUZZ_SECONDS (60), JOBS (build parallelism, default nproc),
+# FUZZ_TIMEOUT (seconds one input may take before it counts as a hang, 20).
+#
+# Exits non-zero if the fuzzer found anything (crash, sanitizer report, a
+# violated harness invariant, leak, hang, out-of-memory); the input that
+# triggered it is saved in tests/fuzz/crashes/ and its name printed.
+# The working corpus (seeds + what the run found) stays in
+# build-fuzz/fuzz-corpus; tests/fuzz/corpus holds only the small seed set.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+build="${root}/build-fuzz"
+seeds="${root}/tests/fuzz/corpus"
+crashes="${root}/tests/fuzz/crashes"
+corpus="${build}/fuzz-corpus"
+log="${build}/request_fuzzer.log"
+seconds="${FUZZ_SECONDS:-60}"
+jobs="${JOBS:-$(nproc)}"
+
+if ! grep -qE '^[[:space:]]*add_subdirectory\(fuzz\)' "${root}/tests/CMakeLists.txt"; then
+  echo "tests/CMakeLists.txt does not add_subdirectory(fuzz): no fuzz targets" >&2
+  exit 2
+fi
+
+echo "== configure ${build}"
+CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" \
+  -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DHOSTKV_SANITIZE=address,undefined \
+  -DCMAKE_CXX_FLAGS="-fno-sanitize-recover=undefined" \
+  -DHOSTKV_BUILD_FUZZERS=ON \
+  -DHOSTKV_ENABLE_CUDA=OFF \
+  -DHOSTKV_BUILD_TESTS=ON >/dev/null
+
+echo "== build request_fuzzer (-j${jobs})"
+cmake --build "${build}" --target request_fuzzer -j"${jobs}"
+
+rm -rf "${corpus}"
+mkdir -p "${corpus}" "${crashes}"
+cp "${seeds}"/* "${corpus}/" 2>/dev/null || true
+ulimit -c 0 || true
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+# Our shm segments: /hostkv-fuzz.<pid>.* (daemon side) and
+# /hostkv-fuzzdev.<pid>.* (device buffers). A crashed run leaves them.
+cleanup_shm() {
+  local f pid
+  for f in /dev/shm/hostkv-fuzz.* /dev/shm/hostkv-fuzzdev.*; do
+    [[ -e "${f}" ]] || continue
+    pid="${f#/dev/shm/hostkv-fuzz*.}"
+    pid="${pid%%.*}"
+    if [[ "${pid}" =~ ^[0-9]+$ ]] && ! kill -0 "${pid}" 2>/dev/null; then
+      rm -f "${f}"
+    fi
+  done
+}
+cleanup_shm
+
+before="$(ls -1 "${crashes}" | wc -l)"
+echo "== fuzz for ${seconds} s (log: ${log})"
+set +e
+"${build}/tests/fuzz/request_fuzzer" \
+  -max_total_time="${seconds}" \
+  -timeout="${FUZZ_TIMEOUT:-20}" \
+  -rss_limit_mb=4096 \
+  -print_final_stats=1 \
+  -artifact_prefix="${crashes}/" \
+  "$@" "${corpus}" >"${log}" 2>&1
+rc=$?
+set -e
+cleanup_shm
+
+# Figures from libFuzzer's last status line and final stats.
+status_line="$(grep -E '^#[0-9]+' "${log}" | tail -1 || true)"
+done_line="$(grep -E '^Done [0-9]+ runs in' "${log}" | tail -1 || true)"
+echo "${status_line}"
+echo "${done_line}"
+grep -E '^stat::' "${log}" || true
+echo "corpus: $(ls -1 "${corpus}" | wc -l) inputs in ${corpus}"
+
+after="$(ls -1 "${crashes}" | wc -l)"
+if ((rc != 0 || after > before)); then
+  echo
+  echo "== request_fuzzer exited ${rc}; last lines of ${log}:"
+  grep -vE '^#[0-9]+' "${log}" | tail -60
+  echo
+  echo "FAIL: the fuzzer found a problem. Saved inputs (newest first):"
+  ls -1t "${crashes}" | head -n $((after - before > 0 ? after - before : 5)) |
+    sed "s|^|  ${crashes}/|"
+  echo "Replay: ${build}/tests/fuzz/request_fuzzer <file>"
+  exit 1
+fi
+echo "OK: no crash in ${seconds} s"
