@@ -27,6 +27,10 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
   ASSIGN_OR_RETURN(std::vector<PageRun> runs,
                    pool->allocator().Allocate(request.num_tokens() / page_size,
                                               session->tag()));
+  if (session->ending()) {  // ended meanwhile: its release may have run
+    pool->allocator().FreeAllOwnedBy(session->tag());
+    return absl::NotFoundError("the session ended during the request");
+  }
   v1::AllocResponse response;
   response.mutable_pages()->Reserve(static_cast<int>(runs.size()));
   for (const PageRun& run : runs) {
@@ -75,6 +79,7 @@ absl::StatusOr<v1::HandOverPagesResponse> RequestHandler::HandOverPages(
   ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
   ASSIGN_OR_RETURN(const uint64_t pages,
                    pool->allocator().HandOver(runs, from->tag(), to->tag()));
+  if (to->ending()) pool->allocator().FreeAllOwnedBy(to->tag());
   spdlog::info("session {} handed {} pages of pool '{}' to session {}",
                from->tag(), pages, pool->name(), to->tag());
   v1::HandOverPagesResponse response;

@@ -45,6 +45,8 @@ class HostPool {
   std::atomic<uint32_t>& imports() { return imports_; }
   std::atomic<uint64_t>& completed_loads() { return loads_; }
   std::atomic<uint64_t>& completed_backups() { return backups_; }
+  uint64_t completed_loads() const { return loads_.load(); }
+  uint64_t completed_backups() const { return backups_.load(); }
 
  private:
   HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
 #include "server/request_validation.h"
+#include "server/stats_report.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
@@ -92,6 +93,7 @@ absl::Status RequestHandler::AttachSession(uint64_t id,
 
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
                                                  const char* reason) {
+  session.MarkEnding();
   session.signals()->Cancel();
   session.signals()->AwaitIdle();
   v1::CloseSessionResponse response;
@@ -181,74 +183,20 @@ RequestHandler::UnregisterDeviceBuffers(
 
 absl::StatusOr<v1::GetPoolStatsResponse> RequestHandler::GetPoolStats(
     const v1::GetPoolStatsRequest& request) {
-  std::vector<std::shared_ptr<HostPool>> pools;
-  if (request.pool().empty()) {
-    pools = pools_->List();
-  } else {
+  const std::vector<std::shared_ptr<HostPool>> all_pools = pools_->List();
+  std::vector<std::shared_ptr<HostPool>> pools = all_pools;
+  if (!request.pool().empty()) {
     ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
-    pools.push_back(std::move(pool));
+    pools = {std::move(pool)};
   }
   const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
   v1::GetPoolStatsResponse response;
   for (const std::shared_ptr<HostPool>& pool : pools) {
-    const PoolGeometry& g = pool->geometry();
-    const SlotAllocator& alloc = pool->allocator();
-    const uint64_t free_pages = alloc.free_pages();
-    const uint64_t used_pages = alloc.num_pages() - free_pages;
-    v1::PoolStats* stats = response.add_pools();
-    stats->set_name(pool->name());
-    stats->set_layout(pool->info().spec().layout());
-    stats->set_backend(pool->info().backend());
-    stats->set_pinned(pool->info().pinned());
-    stats->set_page_size(g.page_size);
-    stats->set_capacity_pages(alloc.num_pages());
-    stats->set_used_pages(used_pages);
-    stats->set_free_pages(free_pages);
-    stats->set_capacity_tokens(alloc.num_pages() * g.page_size);
-    stats->set_used_tokens(used_pages * g.page_size);
-    stats->set_free_tokens(free_pages * g.page_size);
-    stats->set_capacity_bytes(g.total_bytes());
-    stats->set_used_bytes(used_pages * g.page_bytes());
-    stats->set_free_bytes(free_pages * g.page_bytes());
-    stats->set_loads(pool->completed_loads().load());
-    stats->set_backups(pool->completed_backups().load());
-    const auto usage = alloc.UsageByOwner();
-    for (const std::shared_ptr<Session>& session : sessions) {
-      auto it = usage.find(session->tag());
-      const uint64_t pages = it == usage.end() ? 0 : it->second;
-      const auto imports = session->ImportsByPool();
-      auto imp = imports.find(pool->name());
-      const uint32_t import_count = imp == imports.end() ? 0 : imp->second;
-      if (pages == 0 && import_count == 0) continue;
-      v1::SessionUsage* su = stats->add_sessions();
-      su->set_session_number(session->tag());
-      su->set_client_name(session->client_name());
-      su->set_pages(pages);
-      su->set_bytes(pages * g.page_bytes());
-      su->set_imports(import_count);
-    }
+    FillPoolStats(*pool, sessions, response.add_pools());
   }
-  const std::vector<std::shared_ptr<HostPool>> all_pools = pools_->List();
   const absl::Time now = absl::Now();
   for (const std::shared_ptr<Session>& session : sessions) {
-    v1::SessionInfo* info = response.add_sessions();
-    info->set_session_number(session->tag());
-    info->set_client_name(session->client_name());
-    const std::optional<PeerCredentials> peer = session->peer();
-    info->set_pid(peer.has_value() ? peer->pid : session->pid());
-    info->set_uid(peer.has_value() ? peer->uid : 0);
-    info->set_attached(peer.has_value());
-    info->set_age_seconds(absl::ToDoubleSeconds(now - session->opened()));
-    info->set_idle_seconds(absl::ToDoubleSeconds(now - session->last_active()));
-    uint64_t pages = 0;
-    for (const auto& pool : all_pools) {
-      pages += pool->allocator().pages_owned_by(session->tag());
-    }
-    info->set_pages(pages);
-    uint32_t imports = 0;
-    for (const auto& [name, count] : session->ImportsByPool()) imports += count;
-    info->set_imports(imports);
-    info->set_operations_in_flight(session->signals()->in_flight());
+    FillSessionInfo(*session, all_pools, now, response.add_sessions());
   }
   response.set_memory_budget_bytes(budget_->budget_bytes());
   response.set_memory_reserved_bytes(budget_->reserved_bytes());

@@ -59,6 +59,11 @@ class Session {
   // The attached peer, if any.
   std::optional<PeerCredentials> peer() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Set once the session is ending. Requests racing with the end re-check it
+  // after allocating and give back what they took.
+  void MarkEnding() { ending_.store(true); }
+  bool ending() const { return ending_.load(); }
+
   // A new operation id, unique within the session.
   uint64_t NextOpId() { return next_op_.fetch_add(1) + 1; }
 
@@ -84,6 +89,7 @@ class Session {
   const std::shared_ptr<SignalBoard> signals_;
   std::atomic<uint64_t> next_op_{0};
   std::atomic<int64_t> last_active_ns_;
+  std::atomic<bool> ending_{false};
 
   mutable absl::Mutex mu_;
   std::optional<PeerCredentials> peer_ ABSL_GUARDED_BY(mu_);

@@ -275,5 +275,43 @@ TEST(PoolGeometryTest, RealisticSizesMatchSglangFormulas) {
   EXPECT_EQ(1000u, gl.num_pages());
 }
 
+TEST(PoolGeometryTest, OffsetsInPoolsBeyond4GiBDoNotOverflow) {
+  // 80 layers, 8 heads of 128 bf16, 20000 pages of 64 tokens: ~420 GB.
+  // Only offsets are computed; nothing is allocated.
+  for (Attention attention : {Attention::kMha, Attention::kMla}) {
+    for (HostLayout layout : reference::AllLayouts()) {
+      if (!reference::LayoutDefined(attention, layout)) continue;
+      const bool mha = attention == Attention::kMha;
+      const PoolSpec spec = Spec(attention, layout, 80, mha ? 8 : 1,
+                                 mha ? 128 : 576, 2, 64, 64 * 20000);
+      SCOPED_TRACE(reference::SpecName(spec));
+      const ReferencePool ref(spec);
+      const PoolGeometry g = reference::ToGeometry(spec);
+      ASSERT_EQ(ref.TotalBytes(), g.total_bytes());
+      ASSERT_GT(g.total_bytes(), uint64_t{1} << 36);
+      const uint64_t last_kv = mha ? 1 : 0;
+      const uint64_t last_head = spec.heads - 1;
+      for (const Coord& c : {Coord{last_kv, 79, spec.size - 1, last_head, 0},
+                             Coord{last_kv, 0, spec.size - 1, 0, 0},
+                             Coord{0, 79, spec.size - 65, last_head, 0},
+                             Coord{last_kv, 41, 987654, last_head, 0}}) {
+        const ChunkPosition p = PositionInChunk(spec, c, 0);
+        EXPECT_EQ(
+            ref.ByteOffset(c),
+            HostChunkOffset(g, static_cast<uint32_t>(c.kv),
+                            static_cast<uint32_t>(c.layer), c.token, p.chunk) +
+                p.byte_in_chunk)
+            << "token " << c.token << " layer " << c.layer;
+      }
+      // A device buffer of 5M slots is past 4 GiB too.
+      const ReferenceDevice device(spec, 5000000);
+      const ChunkPosition p =
+          PositionInChunk(spec, Coord{0, 0, 4999999, last_head, 0}, 0);
+      EXPECT_EQ(device.ByteOffset(4999999, last_head, 0),
+                DeviceChunkOffset(g, 4999999, p.chunk) + p.byte_in_chunk);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hostkv

@@ -1,0 +1,69 @@
+#include "server/stats_report.h"
+
+#include <optional>
+
+namespace hostkv {
+
+void FillPoolStats(const HostPool& pool,
+                   const std::vector<std::shared_ptr<Session>>& sessions,
+                   v1::PoolStats* stats) {
+  const PoolGeometry& g = pool.geometry();
+  const SlotAllocator& alloc = pool.allocator();
+  const uint64_t free_pages = alloc.free_pages();
+  const uint64_t used_pages = alloc.num_pages() - free_pages;
+  stats->set_name(pool.name());
+  stats->set_layout(pool.info().spec().layout());
+  stats->set_backend(pool.info().backend());
+  stats->set_pinned(pool.info().pinned());
+  stats->set_page_size(g.page_size);
+  stats->set_capacity_pages(alloc.num_pages());
+  stats->set_used_pages(used_pages);
+  stats->set_free_pages(free_pages);
+  stats->set_capacity_tokens(alloc.num_pages() * g.page_size);
+  stats->set_used_tokens(used_pages * g.page_size);
+  stats->set_free_tokens(free_pages * g.page_size);
+  stats->set_capacity_bytes(g.total_bytes());
+  stats->set_used_bytes(used_pages * g.page_bytes());
+  stats->set_free_bytes(free_pages * g.page_bytes());
+  stats->set_loads(pool.completed_loads());
+  stats->set_backups(pool.completed_backups());
+  const auto usage = alloc.UsageByOwner();
+  for (const std::shared_ptr<Session>& session : sessions) {
+    auto it = usage.find(session->tag());
+    const uint64_t pages = it == usage.end() ? 0 : it->second;
+    const auto imports = session->ImportsByPool();
+    auto imp = imports.find(pool.name());
+    const uint32_t import_count = imp == imports.end() ? 0 : imp->second;
+    if (pages == 0 && import_count == 0) continue;
+    v1::SessionUsage* su = stats->add_sessions();
+    su->set_session_number(session->tag());
+    su->set_client_name(session->client_name());
+    su->set_pages(pages);
+    su->set_bytes(pages * g.page_bytes());
+    su->set_imports(import_count);
+  }
+}
+
+void FillSessionInfo(const Session& session,
+                     const std::vector<std::shared_ptr<HostPool>>& pools,
+                     absl::Time now, v1::SessionInfo* info) {
+  info->set_session_number(session.tag());
+  info->set_client_name(session.client_name());
+  const std::optional<PeerCredentials> peer = session.peer();
+  info->set_pid(peer.has_value() ? peer->pid : session.pid());
+  info->set_uid(peer.has_value() ? peer->uid : 0);
+  info->set_attached(peer.has_value());
+  info->set_age_seconds(absl::ToDoubleSeconds(now - session.opened()));
+  info->set_idle_seconds(absl::ToDoubleSeconds(now - session.last_active()));
+  uint64_t pages = 0;
+  for (const auto& pool : pools) {
+    pages += pool->allocator().pages_owned_by(session.tag());
+  }
+  info->set_pages(pages);
+  uint32_t imports = 0;
+  for (const auto& [name, count] : session.ImportsByPool()) imports += count;
+  info->set_imports(imports);
+  info->set_operations_in_flight(session.signals()->in_flight());
+}
+
+}  // namespace hostkv

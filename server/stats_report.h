@@ -1,0 +1,28 @@
+// Fills the occupancy messages of GetPoolStats from the daemon's state.
+#ifndef HOSTKV_SERVER_STATS_REPORT_H_
+#define HOSTKV_SERVER_STATS_REPORT_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "hostkv/v1/hostkv.pb.h"
+#include "server/host_pool.h"
+#include "server/session.h"
+
+namespace hostkv {
+
+// Capacity, use and per-session usage of `pool` (sessions holding nothing in
+// it are left out).
+void FillPoolStats(const HostPool& pool,
+                   const std::vector<std::shared_ptr<Session>>& sessions,
+                   v1::PoolStats* stats);
+
+// Identity, liveness and holdings of `session` across `pools`.
+void FillSessionInfo(const Session& session,
+                     const std::vector<std::shared_ptr<HostPool>>& pools,
+                     absl::Time now, v1::SessionInfo* info);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_STATS_REPORT_H_
