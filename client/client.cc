@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
 #include "proto/contract/op_signal.h"
@@ -98,6 +99,24 @@ void FillRuns(const std::vector<PageRange>& pages,
 }
 
 }  // namespace
+
+absl::StatusOr<bool> CheckHealth(const std::string& target,
+                                 const std::string& service,
+                                 const ConnectOptions& options) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  if (!options.auth_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options.auth_token);
+  }
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
 
 uint64_t CountTokens(const std::vector<PageRange>& pages, uint32_t page_size) {
   uint64_t tokens = 0;

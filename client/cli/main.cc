@@ -1,6 +1,7 @@
 // hostkv: command-line client of hostkvd.
 //   hostkv [--target=ADDR] stats [POOL]   occupancy of every pool (or one)
 //   hostkv [--target=ADDR] pools          pools and their geometry
+//   hostkv [--target=ADDR] health [SVC]   exit 0 if the daemon is SERVING
 //   hostkv [--target=ADDR] demo           move pages through the daemon and
 //                                         verify every byte
 #include <cstdio>
@@ -29,13 +30,23 @@ ABSL_FLAG(uint64_t, tokens, 256, "demo: tokens to move");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "command-line client of hostkvd.\n"
-      "  hostkv [--target=ADDR] stats [POOL] | pools | demo [demo flags]");
+      "  hostkv [--target=ADDR] stats [POOL] | pools | health [SERVICE] | demo [demo flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
-    std::fprintf(stderr, "usage: hostkv [--target=ADDR] stats [POOL] | pools | demo\n");
+    std::fprintf(stderr, "usage: hostkv [--target=ADDR] stats [POOL] | pools | health | demo\n");
     return 2;
   }
   const std::string command = args[1];
+  if (command == "health") {
+    const std::string service = args.size() > 2 ? args[2] : "";
+    auto serving = hostkv::CheckHealth(absl::GetFlag(FLAGS_target), service);
+    if (!serving.ok()) {
+      std::fprintf(stderr, "hostkv: %s\n", serving.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s\n", *serving ? "SERVING" : "NOT_SERVING");
+    return *serving ? 0 : 1;
+  }
   auto client = hostkv::Client::Connect(absl::GetFlag(FLAGS_target), "hostkv-cli");
   if (!client.ok()) {
     std::fprintf(stderr, "hostkv: %s\n", client.status().ToString().c_str());
@@ -75,7 +86,7 @@ int main(int argc, char** argv) {
     }
     return hostkv::RunDemo(**client, o);
   }
-  std::fprintf(stderr, "hostkv: unknown command '%s' (stats, pools, demo)\n",
+  std::fprintf(stderr, "hostkv: unknown command '%s' (stats, pools, health, demo)\n",
                command.c_str());
   return 2;
 }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/pool_geometry.h"
@@ -386,19 +387,6 @@ class ReferenceDevice {
   PoolSpec spec_;
   RowMajorTensor tensor_;
 };
-
-// Expands page-aligned runs into SGLang's token-granular index list.
-struct SlotRun {
-  uint64_t first;
-  uint64_t count;
-};
-inline std::vector<uint64_t> ExpandIndices(const std::vector<SlotRun>& runs) {
-  std::vector<uint64_t> indices;
-  for (const SlotRun& run : runs) {
-    for (uint64_t i = 0; i < run.count; ++i) indices.push_back(run.first + i);
-  }
-  return indices;
-}
 
 // Moves, for one layer, host slot host_indices[i] <-> device slot
 // device_indices[i], element by element and byte by byte.

@@ -156,6 +156,13 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
+// Asks the daemon's grpc.health.v1 service about `service` ("" = the whole
+// daemon, "hostkv.v1.HostKV" = the API) without opening a session. Returns
+// true if SERVING; Unavailable if the daemon cannot be reached.
+absl::StatusOr<bool> CheckHealth(const std::string& target,
+                                 const std::string& service = "",
+                                 const ConnectOptions& options = {});
+
 // Tokens covered by `pages` in a pool of `page_size`.
 uint64_t CountTokens(const std::vector<PageRange>& pages, uint32_t page_size);
 

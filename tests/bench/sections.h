@@ -1,0 +1,46 @@
+// The benchmark sections of hostkv_bench. Each appends rows to the report.
+#ifndef HOSTKV_TESTS_BENCH_SECTIONS_H_
+#define HOSTKV_TESTS_BENCH_SECTIONS_H_
+
+#include <memory>
+#include <string>
+
+#include "tests/bench/bench_util.h"
+#include "tests/testing/daemon_process.h"
+
+namespace hostkv::bench {
+
+struct Options {
+  // Smaller sample counts and sizes (a smoke run of the whole suite).
+  bool quick = false;
+  // Copy threads for the in-process copy benchmarks (0: one per core, as the
+  // daemon defaults to).
+  unsigned copy_threads = 0;
+  // Pool start size in GiB (scaled down if memory is short).
+  double pool_start_gib = 4;
+  // Seconds per measured block of the throughput benchmark.
+  double throughput_seconds = 0.6;
+};
+
+// The real hostkvd, as a child process, on a Unix socket or TCP loopback.
+std::unique_ptr<testing::DaemonProcess> StartDaemon(bool tcp);
+
+// Section 1: control-path latency (unix and tcp) and throughput.
+void RunControl(const Options& options, Report& report);
+// Section 2: in-process SlotAllocator; 2b: allocator through the daemon.
+void RunAllocator(const Options& options, Report& report);
+void RunDaemonAlloc(const Options& options, Report& report);
+// Section 3: in-process copy engine; 3b: the same through the daemon.
+void RunCopy(const Options& options, Report& report);
+void RunDaemonCopy(const Options& options, Report& report);
+// Section 4: pool creation and pre-faulting.
+void RunPoolStart(const Options& options, Report& report);
+
+// Profiling aid: starts a daemon, prints its pid, and runs one control-path
+// workload (`what`: health, alloc, free, alloc_free, load1000, register,
+// stats) in a loop for `seconds`.
+int RunProfileLoop(const std::string& what, bool tcp, double seconds);
+
+}  // namespace hostkv::bench
+
+#endif  // HOSTKV_TESTS_BENCH_SECTIONS_H_
