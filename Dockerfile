@@ -1,32 +1,83 @@
-# hostkvd container: a build stage with the toolchain, a slim runtime stage
-# with only the shared libraries hostkvd and the hostkv CLI need.
-# This image runs the CPU backend; the CUDA build comes with the GPU backend.
+# hostkvd container image: hostkvd (the daemon) and hostkv (its CLI, also the
+# healthcheck), built in a Debian 12 toolchain stage and copied into a slim
+# runtime stage that holds only their shared libraries.
+#
+#   docker build -t hostkv/hostkvd:0.1.0 .
+#
+# CPU backend only. The GPU backend (pinned pool, CUDA IPC imports, copy
+# kernels) is not implemented yet, so this image has no CUDA toolkit and no
+# CUDA runtime: building the CUDA sources would only produce the layout test
+# code, which is not part of hostkvd. When the GPU backend lands it gets its
+# own stages (nvidia/cuda:13.0.0-devel-ubuntu24.04 to build,
+# nvidia/cuda:13.0.0-base-ubuntu24.04 to run; Ubuntu's library package names
+# differ from Debian's, so the runtime list below does not carry over).
+#
+# Deployment (deploy/README.md, deploy/kubernetes/, deploy/compose.yaml):
+#   - the socket lives on the shared volume /run/hostkv;
+#   - /dev/shm must be shared with the engines and sized for every pool;
+#   - the image's user is uid/gid 10001 (manifests name it numerically).
+
+# ---------------------------------------------------------------------------
+# Build stage: the project's Debian 12 packages (deploy/install_deps.sh, less
+# the test-only ones).
 FROM debian:12 AS build
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       cmake g++ make libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
-      protobuf-compiler libspdlog-dev libabsl-dev grpc-proto \
+      protobuf-compiler libspdlog-dev libabsl-dev grpc-proto prometheus-cpp-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY . .
-RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DHOSTKV_BUILD_TESTS=OFF \
-      -DHOSTKV_ENABLE_CUDA=OFF \
- && cmake --build /build -j"$(nproc)" --target hostkvd hostkv
+# Only what hostkvd and hostkv are built from (tests are off): editing tests
+# or manifests does not invalidate the build layers.
+COPY CMakeLists.txt ./
+COPY proto/ proto/
+COPY kernels/ kernels/
+COPY server/ server/
+COPY client/ client/
+COPY deploy/ deploy/
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
+      -DHOSTKV_BUILD_TESTS=OFF -DHOSTKV_ENABLE_CUDA=OFF \
+ && cmake --build /build -j"$(nproc)" --target hostkvd hostkv \
+ && strip /build/server/hostkvd /build/client/hostkv
 
-FROM debian:12-slim
+# ---------------------------------------------------------------------------
+# Runtime stage: the shared libraries of `ldd hostkvd` / `ldd hostkv` (gRPC
+# 1.51, protobuf, abseil, spdlog/fmt, prometheus-cpp; c-ares, re2, OpenSSL,
+# civetweb and zlib come as their dependencies, libstdc++ with the base
+# image). No compiler, no headers. tests/deploy checks this list against ldd.
+FROM debian:12-slim AS runtime
+ARG DEBIAN_FRONTEND=noninteractive
+LABEL org.opencontainers.image.title="hostkvd" \
+      org.opencontainers.image.description="node-local host KV-cache daemon for LLM inference engines (CPU backend)" \
+      org.opencontainers.image.version="0.1.0"
+# uid/gid 10001, fixed: the Kubernetes manifests run the daemon (and, for the
+# CPU backend, the engine) as 10001 and give engines group 10001 for the
+# socket. /run/hostkv is created 0750 so a fresh volume inherits that owner.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libspdlog1.10 \
-      libfmt9 \
+      libfmt9 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
  && rm -rf /var/lib/apt/lists/* \
- && groupadd --system hostkv \
- && useradd --system --gid hostkv --no-create-home hostkv \
- && mkdir -p /run/hostkv \
- && chown hostkv:hostkv /run/hostkv
+ && groupadd --gid 10001 hostkv \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin hostkv \
+ && install -d -m 0750 -o 10001 -g 10001 /run/hostkv
 COPY --from=build /build/server/hostkvd /build/client/hostkv /usr/local/bin/
 COPY deploy/entrypoint.sh /usr/local/bin/hostkvd-entrypoint
-USER hostkv
+USER 10001:10001
+# The gRPC socket (and PATH.session, PATH.lock) for the engines. No EXPOSE:
+# hostkvd listens on TCP only when --listen=HOST:PORT is given.
 VOLUME ["/run/hostkv"]
-HEALTHCHECK --interval=10s --timeout=3s CMD ["hostkv", "stats"]
+# SIGTERM drains queued copies, then stops; a second signal exits at once.
+STOPSIGNAL SIGTERM
+# `hostkv health` exits 0 only while grpc.health.v1 reports SERVING (not
+# during start-up pool creation, not while draining). Large configured pools
+# are pre-faulted before the socket opens: give orchestrators a start period
+# (compose: start_period; Kubernetes: a startupProbe).
+HEALTHCHECK --interval=10s --timeout=5s --retries=3 \
+  CMD ["hostkv", "--target=unix:/run/hostkv/hostkvd.sock", "health"]
+# The entrypoint adds --config=/etc/hostkv/hostkvd.textproto when that file
+# is mounted, then execs hostkvd (PID 1; it handles SIGTERM itself).
 ENTRYPOINT ["/usr/local/bin/hostkvd-entrypoint"]
 CMD ["--listen=unix:/run/hostkv/hostkvd.sock"]

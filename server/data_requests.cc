@@ -20,13 +20,19 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
   const uint32_t page_size = pool->geometry().page_size;
   if (request.num_tokens() == 0 || request.num_tokens() % page_size != 0) {
+    if (metrics_ != nullptr) metrics_->RecordAllocFailure("bad_size");
     return absl::InvalidArgumentError(absl::StrCat(
         "num_tokens ", request.num_tokens(),
         " is not a positive multiple of the pool's page_size ", page_size));
   }
-  ASSIGN_OR_RETURN(std::vector<PageRun> runs,
-                   pool->allocator().Allocate(request.num_tokens() / page_size,
-                                              session->tag()));
+  absl::StatusOr<std::vector<PageRun>> allocated =
+      pool->allocator().Allocate(request.num_tokens() / page_size,
+                                 session->tag());
+  if (!allocated.ok()) {
+    if (metrics_ != nullptr) metrics_->RecordAllocFailure("pool_full");
+    return allocated.status();
+  }
+  const std::vector<PageRun>& runs = *allocated;
   if (session->ending()) {  // ended meanwhile: its release may have run
     pool->allocator().FreeAllOwnedBy(session->tag());
     return absl::NotFoundError("the session ended during the request");
@@ -145,6 +151,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   op->signals = owned.session->signals();
   op->layer_begin = request.layer_begin();
   op->layer_end = layer_end;
+  op->submitted = absl::Now();
   op->task.geometry = g;
   op->task.host_base = owned.pool->base();
   op->task.layers = import->layers().data();
@@ -161,6 +168,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   response.set_num_tokens(host_tokens);
   response.set_bytes(host_tokens * g.kv_planes() * g.token_stride() *
                      response.num_layers());
+  op->bytes = response.bytes();
   RETURN_IF_ERROR(transfers_->Submit(std::move(op)));
   return response;
 }

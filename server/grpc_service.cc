@@ -12,7 +12,9 @@ namespace {
 // debug level (a client's mistake is not the daemon's news).
 template <typename Response>
 grpc::Status Respond(const char* method, grpc::ServerContext* context,
-                     absl::StatusOr<Response> result, Response* response) {
+                     DaemonMetrics* metrics, absl::StatusOr<Response> result,
+                     Response* response) {
+  if (metrics != nullptr) metrics->RecordRpc(method, result.status().code());
   if (!result.ok()) {
     spdlog::debug("{} from {} refused: {}", method, context->peer(),
                   result.status().ToString());
@@ -44,7 +46,8 @@ grpc::Status GrpcService::Authorize(const grpc::ServerContext& context) const {
                                    const v1::Request* request,             \
                                    v1::Response* response) {               \
     if (grpc::Status auth = Authorize(*context); !auth.ok()) return auth;  \
-    return Respond(#Method, context, handler_->Method(*request), response); \
+    return Respond(#Method, context, metrics_, handler_->Method(*request), \
+                   response);                                              \
   }
 HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
 HOSTKV_RPC(RenewSession, RenewSessionRequest, RenewSessionResponse)

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "hostkv/v1/hostkv.grpc.pb.h"
+#include "server/daemon_metrics.h"
 #include "server/request_handler.h"
 
 namespace hostkv {
@@ -15,8 +16,12 @@ class GrpcService final : public v1::HostKV::Service {
  public:
   // With a non-empty `auth_token`, every call must carry the metadata
   // "authorization: Bearer <auth_token>" (else UNAUTHENTICATED).
-  GrpcService(RequestHandler* handler, std::string auth_token)
-      : handler_(handler), auth_token_(std::move(auth_token)) {}
+  // `metrics` may be null.
+  GrpcService(RequestHandler* handler, std::string auth_token,
+              DaemonMetrics* metrics)
+      : handler_(handler),
+        auth_token_(std::move(auth_token)),
+        metrics_(metrics) {}
 
 #define HOSTKV_RPC(Method, Request, Response)                          \
   grpc::Status Method(grpc::ServerContext* context, const v1::Request* \
@@ -50,6 +55,7 @@ class GrpcService final : public v1::HostKV::Service {
 
   RequestHandler* const handler_;
   const std::string auth_token_;
+  DaemonMetrics* const metrics_;
 };
 
 }  // namespace hostkv

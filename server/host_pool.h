@@ -46,6 +46,7 @@ class HostPool {
   std::atomic<uint64_t>& completed_loads() { return loads_; }
   std::atomic<uint64_t>& completed_backups() { return backups_; }
   uint64_t completed_loads() const { return loads_.load(); }
+  uint32_t import_count() const { return imports_.load(); }
   uint64_t completed_backups() const { return backups_.load(); }
 
  private:

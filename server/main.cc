@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -24,15 +26,22 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "proto/contract/session_attach.h"
+#include "proto/contract/status_macros.h"
 #include "server/byte_size.h"
+#include "server/daemon_metrics.h"
+#include "server/flag_sources.h"
 #include "server/grpc_service.h"
 #include "server/instance_lock.h"
+#include "server/logging.h"
 #include "server/memory_budget.h"
 #include "server/pool_registry.h"
 #include "server/request_handler.h"
-#include "proto/contract/session_attach.h"
 #include "server/session_monitor.h"
 #include "server/session_registry.h"
+#include "server/state_collector.h"
 #include "server/transfer_engine.h"
 #include "spdlog/spdlog.h"
 
@@ -61,10 +70,16 @@ ABSL_FLAG(std::string, memory_reserve, "10GiB",
           "host memory always left to the rest of the node (SGLang keeps 10 "
           "GiB)");
 ABSL_FLAG(std::string, config, "",
-          "text-format hostkv.v1.DaemonConfig file; its pools are created at "
-          "start");
+          "text-format hostkv.v1.DaemonConfig file: pools created at start, "
+          "and flags by name (overridden by HOSTKVD_<FLAG> environment "
+          "variables, which the command line overrides)");
 ABSL_FLAG(std::string, log_level, "info",
           "trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, log_format, "text",
+          "text, or json (one object per line) for log collectors");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT serving Prometheus /metrics (e.g. 0.0.0.0:9464); empty = "
+          "no metrics endpoint");
 ABSL_FLAG(int, copy_threads, 0,
           "threads copying pages on the CPU backend (0 = one per core)");
 ABSL_FLAG(int, signal_records, 256,
@@ -76,6 +91,26 @@ ABSL_FLAG(std::string, max_page_io, "64MiB",
 namespace hostkv {
 namespace {
 
+const std::vector<std::string> kFlagNames = {
+    "listen",        "socket_mode",     "socket_group",   "session_lease",
+    "allow_unverified_shm_names",       "auth_token_file", "memory_budget",
+    "memory_reserve", "log_level",      "log_format",     "metrics_listen",
+    "copy_threads",  "signal_records",  "max_page_io"};
+
+// Everything the flags say, checked.
+struct DaemonOptions {
+  std::string listen;       // resolved gRPC address
+  std::string socket_path;  // empty for TCP
+  uint32_t socket_mode = 0660;
+  gid_t socket_gid = static_cast<gid_t>(-1);
+  std::string auth_token;
+  uint64_t budget = 0;
+  uint64_t reserve = 0;
+  unsigned copy_threads = 1;
+  RequestLimits limits;
+  int signal_records = 256;
+};
+
 absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
   absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
   if (!bytes.ok()) {
@@ -83,51 +118,6 @@ absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
         absl::StrCat("--", name, ": ", bytes.status().message()));
   }
   return bytes;
-}
-
-absl::Status CreateConfiguredPools(const std::string& path,
-                                   PoolRegistry& pools) {
-  if (path.empty()) return absl::OkStatus();
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
-  std::stringstream text;
-  text << file.rdbuf();
-  v1::DaemonConfig config;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--config ", path, " is not a text-format hostkv.v1.DaemonConfig "
-        "(the parser's message is above)"));
-  }
-  for (int i = 0; i < config.pools_size(); ++i) {
-    absl::StatusOr<std::shared_ptr<HostPool>> pool =
-        pools.Create(config.pools(i), /*attach_if_exists=*/false);
-    if (!pool.ok()) {
-      return absl::Status(pool.status().code(),
-                          absl::StrCat("--config ", path, ": pools[", i, "] ('",
-                                       config.pools(i).name(),
-                                       "'): ", pool.status().message()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Members are destroyed bottom-up: the monitor stops ending sessions before
-// the server and the state go away.
-struct Daemon {
-  std::unique_ptr<MemoryBudget> budget;
-  std::unique_ptr<PoolRegistry> pools;
-  std::unique_ptr<SessionRegistry> sessions;
-  std::unique_ptr<TransferEngine> transfers;
-  std::unique_ptr<RequestHandler> handler;
-  std::unique_ptr<GrpcService> service;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<SessionMonitor> monitor;
-};
-
-// "tcp:PORT" means loopback; everything else is used as given.
-std::string ResolveListen(const std::string& listen) {
-  if (absl::StartsWith(listen, "tcp:")) return "127.0.0.1:" + listen.substr(4);
-  return listen;
 }
 
 absl::StatusOr<std::string> ReadToken(const std::string& path) {
@@ -151,124 +141,174 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
   return g->gr_gid;
 }
 
-int Run() {
-  const std::string listen = ResolveListen(absl::GetFlag(FLAGS_listen));
-  const bool unix_socket = absl::StartsWith(listen, "unix:");
-  const std::string socket_path = unix_socket ? listen.substr(5) : "";
-  absl::StatusOr<uint64_t> budget =
-      ByteFlag("memory_budget", absl::GetFlag(FLAGS_memory_budget));
-  absl::StatusOr<uint64_t> reserve =
-      ByteFlag("memory_reserve", absl::GetFlag(FLAGS_memory_reserve));
-  absl::StatusOr<uint64_t> max_page_io =
-      ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io));
-  absl::StatusOr<std::string> token = ReadToken(absl::GetFlag(FLAGS_auth_token_file));
-  absl::StatusOr<gid_t> socket_gid = ResolveGroup(absl::GetFlag(FLAGS_socket_group));
-  uint32_t socket_mode = 0;
-  for (const absl::Status& s : {budget.status(), reserve.status(), max_page_io.status(),
-                                token.status(), socket_gid.status()}) {
-    if (!s.ok()) {
-      spdlog::error("{}", std::string(s.message()));
-      return 2;
+absl::Status ResolveAddress(DaemonOptions& o) {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  // "tcp:PORT" means loopback; everything else is used as given.
+  o.listen = absl::StartsWith(listen, "tcp:") ? "127.0.0.1:" + listen.substr(4)
+                                              : listen;
+  if (absl::StartsWith(o.listen, "unix:")) o.socket_path = o.listen.substr(5);
+  if (!absl::numbers_internal::safe_strtou32_base(absl::GetFlag(FLAGS_socket_mode),
+                                                  &o.socket_mode, 8) ||
+      o.socket_mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket_mode: '", absl::GetFlag(FLAGS_socket_mode),
+        "' is not an octal mode such as 0660"));
+  }
+  ASSIGN_OR_RETURN(o.socket_gid, ResolveGroup(absl::GetFlag(FLAGS_socket_group)));
+  ASSIGN_OR_RETURN(o.auth_token, ReadToken(absl::GetFlag(FLAGS_auth_token_file)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonOptions> ReadOptions() {
+  DaemonOptions o;
+  RETURN_IF_ERROR(ResolveAddress(o));
+  ASSIGN_OR_RETURN(o.budget, ByteFlag("memory_budget", absl::GetFlag(FLAGS_memory_budget)));
+  ASSIGN_OR_RETURN(o.reserve, ByteFlag("memory_reserve", absl::GetFlag(FLAGS_memory_reserve)));
+  ASSIGN_OR_RETURN(o.limits.max_page_io_bytes,
+                   ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io)));
+  o.limits.reserved_segment_prefix = "/hostkv.";
+  o.limits.allow_unverified_shm_names = absl::GetFlag(FLAGS_allow_unverified_shm_names);
+  o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
+  if (o.limits.session_lease < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--session_lease must be at least 1s");
+  }
+  o.signal_records = absl::GetFlag(FLAGS_signal_records);
+  if (o.signal_records < 1 || o.signal_records > 65536) {
+    return absl::InvalidArgumentError("--signal_records must be in [1, 65536]");
+  }
+  const int threads = absl::GetFlag(FLAGS_copy_threads);
+  o.copy_threads = threads > 0 ? static_cast<unsigned>(threads)
+                               : std::max(1u, std::thread::hardware_concurrency());
+  return o;
+}
+
+absl::Status CreateConfiguredPools(const std::string& path,
+                                   PoolRegistry& pools) {
+  if (path.empty()) return absl::OkStatus();
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  v1::DaemonConfig config;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat("--config ", path, " does not parse"));
+  }
+  for (int i = 0; i < config.pools_size(); ++i) {
+    absl::StatusOr<std::shared_ptr<HostPool>> pool =
+        pools.Create(config.pools(i), /*attach_if_exists=*/false);
+    if (!pool.ok()) {
+      return absl::Status(pool.status().code(),
+                          absl::StrCat("--config ", path, ": pools[", i, "] ('",
+                                       config.pools(i).name(),
+                                       "'): ", pool.status().message()));
     }
   }
-  if (!absl::numbers_internal::safe_strtou32_base(
-          absl::GetFlag(FLAGS_socket_mode), &socket_mode, 8) ||
-      socket_mode > 0777) {
-    spdlog::error("--socket_mode: '{}' is not an octal mode such as 0660",
-                  absl::GetFlag(FLAGS_socket_mode));
-    return 2;
-  }
-  const int signal_records = absl::GetFlag(FLAGS_signal_records);
-  if (signal_records < 1 || signal_records > 65536) {
-    spdlog::error("--signal_records must be in [1, 65536]");
-    return 2;
-  }
-  absl::StatusOr<InstanceLock> lock = absl::UnknownError("");
-  if (unix_socket) {
-    lock = InstanceLock::Acquire(socket_path);
-    if (!lock.ok()) {
-      spdlog::error("{}", std::string(lock.status().message()));
-      return 1;
-    }
-  }
-  if (int stale = RemoveStaleSegments(); stale > 0) {
-    spdlog::info("removed {} shared-memory segments left by dead daemons", stale);
-  }
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int copy_threads = absl::GetFlag(FLAGS_copy_threads);
+  return absl::OkStatus();
+}
+
+// Members are destroyed bottom-up: the monitor stops ending sessions and the
+// metrics endpoint stops reading state before the server and the state go.
+struct Daemon {
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<DaemonMetrics> metrics;
+  std::unique_ptr<MemoryBudget> budget;
+  std::unique_ptr<PoolRegistry> pools;
+  std::unique_ptr<SessionRegistry> sessions;
+  std::unique_ptr<TransferEngine> transfers;
+  std::unique_ptr<RequestHandler> handler;
+  std::unique_ptr<GrpcService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<SessionMonitor> monitor;
+  std::shared_ptr<StateCollector> collector;
+  std::unique_ptr<prometheus::Exposer> exposer;
+};
+
+absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   const std::string prefix = absl::StrCat("/hostkv.", getpid(), ".");
-
-  Daemon d;
-  d.budget = std::make_unique<MemoryBudget>(*budget, *reserve,
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    d.registry = std::make_shared<prometheus::Registry>();
+    d.metrics = std::make_unique<DaemonMetrics>(d.registry);
+  }
+  d.budget = std::make_unique<MemoryBudget>(o.budget, o.reserve,
                                             &MemoryBudget::SystemAvailableBytes);
-  d.pools = std::make_unique<PoolRegistry>(d.budget.get(), prefix, cores);
-  d.sessions = std::make_unique<SessionRegistry>(prefix, signal_records);
-  d.transfers = std::make_unique<TransferEngine>(
-      copy_threads > 0 ? static_cast<unsigned>(copy_threads) : cores);
-  RequestLimits limits;
-  limits.max_page_io_bytes = *max_page_io;
-  limits.reserved_segment_prefix = "/hostkv.";
-  limits.allow_unverified_shm_names = absl::GetFlag(FLAGS_allow_unverified_shm_names);
-  limits.session_lease = absl::GetFlag(FLAGS_session_lease);
-  if (limits.session_lease < absl::Seconds(1)) {
-    spdlog::error("--session_lease must be at least 1s");
-    return 2;
-  }
-  d.handler = std::make_unique<RequestHandler>(limits, d.budget.get(),
+  d.pools = std::make_unique<PoolRegistry>(
+      d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()));
+  d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records);
+  d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get());
+  d.handler = std::make_unique<RequestHandler>(o.limits, d.budget.get(),
                                                d.pools.get(), d.sessions.get(),
-                                               d.transfers.get());
-  if (absl::Status s = CreateConfiguredPools(absl::GetFlag(FLAGS_config), *d.pools);
-      !s.ok()) {
-    spdlog::error("{}", std::string(s.message()));
-    return 1;
-  }
+                                               d.transfers.get(), d.metrics.get());
+  return CreateConfiguredPools(absl::GetFlag(FLAGS_config), *d.pools);
+}
 
-  d.service = std::make_unique<GrpcService>(d.handler.get(), *token);
+absl::Status StartMetrics(Daemon& d) {
+  const std::string address = absl::GetFlag(FLAGS_metrics_listen);
+  if (address.empty()) return absl::OkStatus();
+  try {
+    d.exposer = std::make_unique<prometheus::Exposer>(address, 1);
+  } catch (const std::exception& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--metrics_listen ", address, ": ", e.what()));
+  }
+  d.collector = std::make_shared<StateCollector>(d.pools.get(), d.sessions.get(),
+                                                 d.budget.get());
+  d.exposer->RegisterCollectable(d.registry);
+  d.exposer->RegisterCollectable(d.collector);
+  spdlog::info("metrics on http://{}/metrics", address);
+  return absl::OkStatus();
+}
+
+absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
+  d.service = std::make_unique<GrpcService>(d.handler.get(), o.auth_token,
+                                            d.metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials());
   const int max_message = static_cast<int>(
-      std::min<uint64_t>(*max_page_io + (1 << 20), INT32_MAX));
+      std::min<uint64_t>(o.limits.max_page_io_bytes + (1 << 20), INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
   builder.RegisterService(d.service.get());
   d.server = builder.BuildAndStart();
   if (d.server == nullptr) {
-    spdlog::error("cannot listen on {} (address in use or not permitted?)", listen);
-    return 1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot listen on ", o.listen, " (address in use or not permitted?)"));
   }
-  if (unix_socket) {
-    if (chmod(socket_path.c_str(), socket_mode) != 0) {
-      spdlog::warn("cannot chmod {} to {:o}", socket_path, socket_mode);
+  if (!o.socket_path.empty()) {
+    if (chmod(o.socket_path.c_str(), o.socket_mode) != 0 ||
+        (o.socket_gid != static_cast<gid_t>(-1) &&
+         chown(o.socket_path.c_str(), -1, o.socket_gid) != 0)) {
+      spdlog::warn("cannot set the mode/group of {}", o.socket_path);
     }
-    if (*socket_gid != static_cast<gid_t>(-1) &&
-        chown(socket_path.c_str(), -1, *socket_gid) != 0) {
-      spdlog::warn("cannot give {} to group {}", socket_path,
-                   absl::GetFlag(FLAGS_socket_group));
-    }
-  } else if (token->empty()) {
+  } else if (o.auth_token.empty()) {
     spdlog::warn("listening on TCP {} without --auth_token_file: anyone who "
-                 "can reach it can use it", listen);
+                 "can reach it can use it", o.listen);
   }
-  absl::StatusOr<std::unique_ptr<SessionMonitor>> monitor = SessionMonitor::Start(
-      d.handler.get(), unix_socket ? socket_path + kSessionSocketSuffix : "",
-      socket_mode, *socket_gid, limits.session_lease);
-  if (!monitor.ok()) {
-    spdlog::error("{}", std::string(monitor.status().message()));
-    return 1;
-  }
-  d.monitor = std::move(*monitor);
+  ASSIGN_OR_RETURN(d.monitor,
+                   SessionMonitor::Start(
+                       d.handler.get(),
+                       o.socket_path.empty() ? "" : o.socket_path + kSessionSocketSuffix,
+                       o.socket_mode, o.socket_gid, o.limits.session_lease));
+  return absl::OkStatus();
+}
+
+// Health: "" and "hostkv.v1.HostKV" for the daemon, "hostkv.pool.<name>"
+// for each pool (SERVING once it is ready to use).
+void PublishHealth(Daemon& d) {
   grpc::HealthCheckServiceInterface* health = d.server->GetHealthCheckService();
+  d.pools->SetObserver([health](const std::string& pool, bool exists) {
+    health->SetServingStatus("hostkv.pool." + pool, exists);
+  });
+  for (const auto& pool : d.pools->List()) {
+    health->SetServingStatus("hostkv.pool." + pool->name(), true);
+  }
   health->SetServingStatus("hostkv.v1.HostKV", true);
   health->SetServingStatus(true);
-  spdlog::info("hostkvd {} listening on {} (backend cpu, {} copy threads, "
-               "budget {}, reserve {})",
-               HOSTKV_VERSION, listen, copy_threads > 0 ? copy_threads : cores,
-               *budget == 0 ? std::string("available memory") : FormatBytes(*budget),
-               FormatBytes(*reserve));
+}
 
-  // SIGINT/SIGTERM were blocked before any thread started; wait here.
+// Waits for SIGINT/SIGTERM (blocked in main before any thread started), then
+// drains; a second signal exits at once.
+void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -277,20 +317,49 @@ int Run() {
   sigwait(&signals, &sig);
   spdlog::info("signal {}: draining copies and shutting down (again to exit now)",
                sig);
-  std::thread second_signal([signals] {
+  std::thread([signals] {
     int again = 0;
     sigwait(&signals, &again);
     spdlog::warn("second signal {}: exiting now", again);
     std::_Exit(1);
-  });
-  second_signal.detach();
-  health->SetServingStatus(false);
+  }).detach();
+  d.server->GetHealthCheckService()->Shutdown();  // everything NOT_SERVING
   d.monitor.reset();  // no session ends while the daemon drains
   d.handler->BeginShutdown();
   d.transfers->Drain();
   d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   d.server->Wait();
-  if (unix_socket) unlink(socket_path.c_str());
+  if (!o.socket_path.empty()) unlink(o.socket_path.c_str());
+}
+
+int Fail(int code, const absl::Status& status) {
+  spdlog::error("{}", std::string(status.message()));
+  return code;
+}
+
+int Run() {
+  absl::StatusOr<DaemonOptions> options = ReadOptions();
+  if (!options.ok()) return Fail(2, options.status());
+  const DaemonOptions& o = *options;
+  absl::StatusOr<InstanceLock> lock = absl::UnknownError("");
+  if (!o.socket_path.empty()) {
+    lock = InstanceLock::Acquire(o.socket_path);
+    if (!lock.ok()) return Fail(1, lock.status());
+  }
+  if (int stale = RemoveStaleSegments(); stale > 0) {
+    spdlog::info("removed {} shared-memory segments left by dead daemons", stale);
+  }
+  Daemon d;
+  if (absl::Status s = BuildState(o, d); !s.ok()) return Fail(1, s);
+  if (absl::Status s = StartServer(o, d); !s.ok()) return Fail(1, s);
+  if (absl::Status s = StartMetrics(d); !s.ok()) return Fail(1, s);
+  PublishHealth(d);
+  spdlog::info("hostkvd {} listening on {} (backend cpu, {} copy threads, "
+               "budget {}, reserve {})",
+               HOSTKV_VERSION, o.listen, o.copy_threads,
+               o.budget == 0 ? std::string("available memory") : FormatBytes(o.budget),
+               FormatBytes(o.reserve));
+  WaitAndDrain(o, d);
   spdlog::info("hostkvd stopped");
   return 0;
 }
@@ -301,19 +370,27 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "hostkvd: node-local host KV cache daemon.\n"
-      "  hostkvd [--listen=unix:/run/hostkv/hostkvd.sock] [--config=FILE] ...");
-  absl::ParseCommandLine(argc, argv);
+      "  hostkvd [--listen=unix:/run/hostkv/hostkvd.sock] [--config=FILE] ...\n"
+      "Every flag may also come from HOSTKVD_<FLAG> or the config file.");
+  absl::StatusOr<std::vector<std::string>> args =
+      hostkv::GatherFlagSources(argc, argv, hostkv::kFlagNames);
+  if (!args.ok()) {
+    std::fprintf(stderr, "hostkvd: %s\n", std::string(args.status().message()).c_str());
+    return 2;
+  }
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : *args) arg_ptrs.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  const std::string level = absl::GetFlag(FLAGS_log_level);
-  const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
-  if (parsed == spdlog::level::off && level != "off") {
-    std::fprintf(stderr, "--log_level: unknown level '%s'\n", level.c_str());
+  if (absl::Status s = hostkv::SetUpLogging(absl::GetFlag(FLAGS_log_level),
+                                            absl::GetFlag(FLAGS_log_format));
+      !s.ok()) {
+    std::fprintf(stderr, "hostkvd: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  spdlog::set_level(parsed);
   return hostkv::Run();
 }

@@ -48,8 +48,13 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
       FormatBytes(geometry.total_bytes()), pool->info().segment_name(),
       absl::FormatDuration(absl::Now() - start));
   std::shared_ptr<HostPool> shared = std::move(pool);
-  absl::MutexLock lock(&mu_);
-  pools_[spec.name()] = shared;
+  Observer observer;
+  {
+    absl::MutexLock lock(&mu_);
+    pools_[spec.name()] = shared;
+    observer = observer_;
+  }
+  if (observer) observer(spec.name(), true);
   return shared;
 }
 
@@ -74,8 +79,24 @@ std::vector<std::shared_ptr<HostPool>> PoolRegistry::List() const {
   return pools;
 }
 
-absl::Status PoolRegistry::Delete(const std::string& name) {
+void PoolRegistry::SetObserver(Observer observer) {
   absl::MutexLock lock(&mu_);
+  observer_ = std::move(observer);
+}
+
+absl::Status PoolRegistry::Delete(const std::string& name) {
+  Observer observer;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(DeleteLocked(name));
+    observer = observer_;
+  }
+  if (observer) observer(name, false);
+  spdlog::info("pool '{}' deleted", name);
+  return absl::OkStatus();
+}
+
+absl::Status PoolRegistry::DeleteLocked(const std::string& name) {
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));
@@ -88,7 +109,6 @@ absl::Status PoolRegistry::Delete(const std::string& name) {
         pool.imports().load(), " device-buffer registrations"));
   }
   pools_.erase(it);
-  spdlog::info("pool '{}' deleted", name);
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 #ifndef HOSTKV_SERVER_POOL_REGISTRY_H_
 #define HOSTKV_SERVER_POOL_REGISTRY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,7 +43,15 @@ class PoolRegistry {
   // pages are allocated or device buffers are registered against it.
   absl::Status Delete(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Called with (name, true) after a pool is created and (name, false)
+  // after it is deleted (e.g. to publish per-pool health).
+  using Observer = std::function<void(const std::string& pool, bool exists)>;
+  void SetObserver(Observer observer) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
+  absl::Status DeleteLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   MemoryBudget* const budget_;
   const std::string segment_prefix_;
   const unsigned prefault_threads_;
@@ -51,6 +60,7 @@ class PoolRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools_
       ABSL_GUARDED_BY(mu_);
+  Observer observer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hostkv

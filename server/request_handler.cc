@@ -14,12 +14,13 @@ namespace hostkv {
 
 RequestHandler::RequestHandler(RequestLimits limits, MemoryBudget* budget,
                                PoolRegistry* pools, SessionRegistry* sessions,
-                               TransferEngine* transfers)
+                               TransferEngine* transfers, DaemonMetrics* metrics)
     : limits_(std::move(limits)),
       budget_(budget),
       pools_(pools),
       sessions_(sessions),
-      transfers_(transfers) {}
+      transfers_(transfers),
+      metrics_(metrics) {}
 
 absl::Status RequestHandler::CheckServing() const {
   if (shutting_down_.load()) {
@@ -62,7 +63,7 @@ absl::StatusOr<v1::CloseSessionResponse> RequestHandler::CloseSession(
     const v1::CloseSessionRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Remove(request.session_id()));
-  return Release(*session, "closed by the client");
+  return Release(*session, "closed");
 }
 
 absl::Status RequestHandler::EndSession(uint64_t id, const char* reason) {
@@ -77,7 +78,7 @@ void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
     // A request may have touched it since; Remove only what is still idle.
     if (session->last_active() >= absl::Now() - lease) continue;
     if (sessions_->Remove(session->id()).ok()) {
-      Release(*session, "its lease expired");
+      Release(*session, "lease_expired");
     }
   }
 }
@@ -94,6 +95,7 @@ absl::Status RequestHandler::AttachSession(uint64_t id,
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
                                                  const char* reason) {
   session.MarkEnding();
+  if (metrics_ != nullptr) metrics_->RecordSessionEnd(reason);
   session.signals()->Cancel();
   session.signals()->AwaitIdle();
   v1::CloseSessionResponse response;

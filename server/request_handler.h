@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
+#include "server/daemon_metrics.h"
 #include "server/memory_budget.h"
 #include "server/pool_registry.h"
 #include "server/session_registry.h"
@@ -36,9 +37,10 @@ struct RequestLimits {
 // Thread-safe. Borrows its collaborators, which must outlive it.
 class RequestHandler {
  public:
+  // `metrics` may be null.
   RequestHandler(RequestLimits limits, MemoryBudget* budget,
                  PoolRegistry* pools, SessionRegistry* sessions,
-                 TransferEngine* transfers);
+                 TransferEngine* transfers, DaemonMetrics* metrics = nullptr);
 
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(
       const v1::OpenSessionRequest& request);
@@ -87,8 +89,8 @@ class RequestHandler {
   // Binds session `id` to the peer of its session socket. NotFound for an
   // unknown session; FailedPrecondition if already attached.
   absl::Status AttachSession(uint64_t id, const PeerCredentials& peer);
-  // Ends session `id` as CloseSession does; `reason` goes to the log.
-  // NotFound if it already ended.
+  // Ends session `id` as CloseSession does; `reason` ("disconnected", ...)
+  // goes to the log and the metrics. NotFound if it already ended.
   absl::Status EndSession(uint64_t id, const char* reason);
   // Ends every unattached session idle for longer than `lease`.
   void ExpireIdleSessions(absl::Duration lease);
@@ -119,6 +121,7 @@ class RequestHandler {
   PoolRegistry* const pools_;
   SessionRegistry* const sessions_;
   TransferEngine* const transfers_;
+  DaemonMetrics* const metrics_;
   std::atomic<bool> shutting_down_{false};
 };
 

@@ -169,7 +169,7 @@ void SessionMonitor::Drop(int fd) {
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   close(fd);
   if (it != connections_.end()) connections_.erase(it);
-  if (session != 0) handler_->EndSession(session, "its session socket closed");
+  if (session != 0) handler_->EndSession(session, "disconnected");
 }
 
 }  // namespace hostkv

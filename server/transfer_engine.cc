@@ -6,8 +6,9 @@
 
 namespace hostkv {
 
-TransferEngine::TransferEngine(unsigned copy_threads)
-    : workers_(copy_threads == 0 ? 1 : copy_threads),
+TransferEngine::TransferEngine(unsigned copy_threads, DaemonMetrics* metrics)
+    : metrics_(metrics),
+      workers_(copy_threads == 0 ? 1 : copy_threads),
       copier_(&workers_),
       dispatcher_([this] { DispatchLoop(); }) {}
 
@@ -64,6 +65,8 @@ void TransferEngine::DispatchLoop() {
 
 void TransferEngine::Run(TransferOp& op) {
   const uint32_t layers = op.layer_end - op.layer_begin;
+  const absl::Time start = absl::Now();
+  const CopyDirection direction = op.task.direction;
   for (uint32_t i = 0; i < layers; ++i) {
     if (op.signals->cancelled()) {
       spdlog::debug("op {} abandoned after {} of {} layers: session closed",
@@ -77,13 +80,20 @@ void TransferEngine::Run(TransferOp& op) {
       // A client that saw the last layer may free or read the pages at once.
       op.host_pages.Release();
       HostPool& pool = *op.import->pool();
-      if (op.task.direction == CopyDirection::kHostToDevice) {
+      if (direction == CopyDirection::kHostToDevice) {
         pool.completed_loads().fetch_add(1);
       } else {
         pool.completed_backups().fetch_add(1);
       }
     }
     op.signals->Publish(op.signal_index, i + 1);
+    if (metrics_ != nullptr) {
+      metrics_->RecordLayerReady(direction, absl::Now() - op.submitted);
+    }
+  }
+  if (metrics_ != nullptr) {
+    metrics_->RecordTransfer(direction, op.task.mechanism, op.bytes,
+                             absl::Now() - start);
   }
   op.signals->Finish(op.signal_index, /*failed=*/false);
 }

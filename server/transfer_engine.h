@@ -15,6 +15,8 @@
 #include "kernels/copy_plan.h"
 #include "kernels/cpu_copy_engine.h"
 #include "kernels/worker_pool.h"
+#include "absl/time/time.h"
+#include "server/daemon_metrics.h"
 #include "server/device_import.h"
 #include "server/host_pool.h"
 #include "server/signal_board.h"
@@ -31,13 +33,16 @@ struct TransferOp {
   uint32_t signal_index = 0;
   uint32_t layer_begin = 0;
   uint32_t layer_end = 0;
+  absl::Time submitted;
+  uint64_t bytes = 0;
   CopyTask task;
 };
 
 // Thread-safe.
 class TransferEngine {
  public:
-  explicit TransferEngine(unsigned copy_threads);
+  // `metrics` may be null.
+  TransferEngine(unsigned copy_threads, DaemonMetrics* metrics);
   ~TransferEngine();  // Drains, then stops.
 
   // Enqueues `op` and returns. Unavailable once shutting down (the op's
@@ -53,6 +58,7 @@ class TransferEngine {
   void DispatchLoop();
   void Run(TransferOp& op);
 
+  DaemonMetrics* const metrics_;
   WorkerPool workers_;
   CpuCopyEngine copier_;
 

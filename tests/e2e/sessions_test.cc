@@ -115,7 +115,7 @@ TEST(SessionsTest, KilledClientsPagesAreFreed) {
       },
       absl::Seconds(5));
   EXPECT_LT(took, absl::Seconds(5)) << daemon.log();
-  EXPECT_NE(std::string::npos, daemon.log().find("its session socket closed"));
+  EXPECT_NE(std::string::npos, daemon.log().find("ended (disconnected)"));
 }
 
 TEST(SessionsTest, ManyClientsSomeKilledKeepEveryByteAndEveryPage) {
@@ -222,7 +222,7 @@ TEST(SessionsTest, TcpSessionsLiveByLeaseAndNeedTheToken) {
   ASSERT_OK(stats);
   EXPECT_EQ(1u, stats->open_sessions());
   EXPECT_FALSE(stats->sessions(0).attached());
-  EXPECT_NE(std::string::npos, daemon.log().find("its lease expired"));
+  EXPECT_NE(std::string::npos, daemon.log().find("ended (lease_expired)"));
   std::remove(token_file.c_str());
 }
 

@@ -34,7 +34,7 @@ class RequestHandlerTest : public ::testing::Test {
       : budget_(0, 0, [] { return uint64_t{1} << 40; }),
         pools_(&budget_, Prefix(), 1),
         sessions_(Prefix(), 4),
-        transfers_(2),
+        transfers_(2, nullptr),
         handler_(RequestLimits{1 << 16, Prefix()}, &budget_, &pools_,
                  &sessions_, &transfers_) {}
 
