@@ -66,18 +66,21 @@ RUN apt-get update \
 COPY --from=build /build/server/hostkvd /build/client/hostkv /usr/local/bin/
 COPY deploy/entrypoint.sh /usr/local/bin/hostkvd-entrypoint
 USER 10001:10001
-# The gRPC socket (and PATH.session, PATH.lock) for the engines. No EXPOSE:
-# hostkvd listens on TCP only when --listen=HOST:PORT is given.
+# The gRPC socket (and PATH.session, PATH.lock) for the engines; gRPC is not
+# on TCP unless --listen=HOST:PORT is given. TCP 9464: Prometheus /metrics
+# (--metrics_listen, in CMD below).
 VOLUME ["/run/hostkv"]
+EXPOSE 9464/tcp
 # SIGTERM drains queued copies, then stops; a second signal exits at once.
 STOPSIGNAL SIGTERM
 # `hostkv health` exits 0 only while grpc.health.v1 reports SERVING (not
 # during start-up pool creation, not while draining). Large configured pools
 # are pre-faulted before the socket opens: give orchestrators a start period
-# (compose: start_period; Kubernetes: a startupProbe).
+# (compose: start_period; Kubernetes: a startupProbe). --start-period is not
+# set here only because dockerfilelint (1.8) rejects that valid option.
 HEALTHCHECK --interval=10s --timeout=5s --retries=3 \
   CMD ["hostkv", "--target=unix:/run/hostkv/hostkvd.sock", "health"]
 # The entrypoint adds --config=/etc/hostkv/hostkvd.textproto when that file
 # is mounted, then execs hostkvd (PID 1; it handles SIGTERM itself).
 ENTRYPOINT ["/usr/local/bin/hostkvd-entrypoint"]
-CMD ["--listen=unix:/run/hostkv/hostkvd.sock"]
+CMD ["--listen=unix:/run/hostkv/hostkvd.sock", "--metrics_listen=0.0.0.0:9464"]

@@ -41,7 +41,7 @@ grpc::Status GrpcService::Authorize(const grpc::ServerContext& context) const {
                       "this daemon requires 'authorization: Bearer <token>'");
 }
 
-#define HOSTKV_RPC(Method, Request, Response)                              \
+#define HOSTKV_DEFINE_RPC(Method, Request, Response)                       \
   grpc::Status GrpcService::Method(grpc::ServerContext* context,           \
                                    const v1::Request* request,             \
                                    v1::Response* response) {               \
@@ -49,27 +49,7 @@ grpc::Status GrpcService::Authorize(const grpc::ServerContext& context) const {
     return Respond(#Method, context, metrics_, handler_->Method(*request), \
                    response);                                              \
   }
-HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
-HOSTKV_RPC(RenewSession, RenewSessionRequest, RenewSessionResponse)
-HOSTKV_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
-HOSTKV_RPC(CreatePool, CreatePoolRequest, Pool)
-HOSTKV_RPC(GetPool, GetPoolRequest, Pool)
-HOSTKV_RPC(ListPools, ListPoolsRequest, ListPoolsResponse)
-HOSTKV_RPC(DeletePool, DeletePoolRequest, DeletePoolResponse)
-HOSTKV_RPC(RegisterDeviceBuffers, RegisterDeviceBuffersRequest,
-           RegisterDeviceBuffersResponse)
-HOSTKV_RPC(UnregisterDeviceBuffers, UnregisterDeviceBuffersRequest,
-           UnregisterDeviceBuffersResponse)
-HOSTKV_RPC(Alloc, AllocRequest, AllocResponse)
-HOSTKV_RPC(Free, FreeRequest, FreeResponse)
-HOSTKV_RPC(HandOverPages, HandOverPagesRequest, HandOverPagesResponse)
-HOSTKV_RPC(Load, TransferRequest, TransferResponse)
-HOSTKV_RPC(Backup, TransferRequest, TransferResponse)
-HOSTKV_RPC(ReadPages, ReadPagesRequest, ReadPagesResponse)
-HOSTKV_RPC(WritePages, WritePagesRequest, WritePagesResponse)
-HOSTKV_RPC(GetPageBufferMeta, GetPageBufferMetaRequest,
-           GetPageBufferMetaResponse)
-HOSTKV_RPC(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)
-#undef HOSTKV_RPC
+HOSTKV_V1_RPCS(HOSTKV_DEFINE_RPC)
+#undef HOSTKV_DEFINE_RPC
 
 }  // namespace hostkv

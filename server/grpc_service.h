@@ -12,6 +12,29 @@
 
 namespace hostkv {
 
+// Every hostkv.v1.HostKV method: X(Method, Request, Response).
+#define HOSTKV_V1_RPCS(X)                                                   \
+  X(OpenSession, OpenSessionRequest, OpenSessionResponse)                   \
+  X(RenewSession, RenewSessionRequest, RenewSessionResponse)                \
+  X(CloseSession, CloseSessionRequest, CloseSessionResponse)                \
+  X(CreatePool, CreatePoolRequest, Pool)                                    \
+  X(GetPool, GetPoolRequest, Pool)                                          \
+  X(ListPools, ListPoolsRequest, ListPoolsResponse)                         \
+  X(DeletePool, DeletePoolRequest, DeletePoolResponse)                      \
+  X(RegisterDeviceBuffers, RegisterDeviceBuffersRequest,                    \
+    RegisterDeviceBuffersResponse)                                          \
+  X(UnregisterDeviceBuffers, UnregisterDeviceBuffersRequest,                \
+    UnregisterDeviceBuffersResponse)                                        \
+  X(Alloc, AllocRequest, AllocResponse)                                     \
+  X(Free, FreeRequest, FreeResponse)                                        \
+  X(HandOverPages, HandOverPagesRequest, HandOverPagesResponse)             \
+  X(Load, TransferRequest, TransferResponse)                                \
+  X(Backup, TransferRequest, TransferResponse)                              \
+  X(ReadPages, ReadPagesRequest, ReadPagesResponse)                         \
+  X(WritePages, WritePagesRequest, WritePagesResponse)                      \
+  X(GetPageBufferMeta, GetPageBufferMetaRequest, GetPageBufferMetaResponse) \
+  X(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)
+
 class GrpcService final : public v1::HostKV::Service {
  public:
   // With a non-empty `auth_token`, every call must carry the metadata
@@ -23,31 +46,12 @@ class GrpcService final : public v1::HostKV::Service {
         auth_token_(std::move(auth_token)),
         metrics_(metrics) {}
 
-#define HOSTKV_RPC(Method, Request, Response)                          \
-  grpc::Status Method(grpc::ServerContext* context, const v1::Request* \
-                      request, v1::Response* response) override;
-  HOSTKV_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse)
-  HOSTKV_RPC(RenewSession, RenewSessionRequest, RenewSessionResponse)
-  HOSTKV_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
-  HOSTKV_RPC(CreatePool, CreatePoolRequest, Pool)
-  HOSTKV_RPC(GetPool, GetPoolRequest, Pool)
-  HOSTKV_RPC(ListPools, ListPoolsRequest, ListPoolsResponse)
-  HOSTKV_RPC(DeletePool, DeletePoolRequest, DeletePoolResponse)
-  HOSTKV_RPC(RegisterDeviceBuffers, RegisterDeviceBuffersRequest,
-             RegisterDeviceBuffersResponse)
-  HOSTKV_RPC(UnregisterDeviceBuffers, UnregisterDeviceBuffersRequest,
-             UnregisterDeviceBuffersResponse)
-  HOSTKV_RPC(Alloc, AllocRequest, AllocResponse)
-  HOSTKV_RPC(Free, FreeRequest, FreeResponse)
-  HOSTKV_RPC(HandOverPages, HandOverPagesRequest, HandOverPagesResponse)
-  HOSTKV_RPC(Load, TransferRequest, TransferResponse)
-  HOSTKV_RPC(Backup, TransferRequest, TransferResponse)
-  HOSTKV_RPC(ReadPages, ReadPagesRequest, ReadPagesResponse)
-  HOSTKV_RPC(WritePages, WritePagesRequest, WritePagesResponse)
-  HOSTKV_RPC(GetPageBufferMeta, GetPageBufferMetaRequest,
-             GetPageBufferMetaResponse)
-  HOSTKV_RPC(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)
-#undef HOSTKV_RPC
+#define HOSTKV_DECLARE_RPC(Method, Request, Response)                 \
+  grpc::Status Method(grpc::ServerContext* context,                    \
+                      const v1::Request* request, v1::Response* response) \
+      override;
+  HOSTKV_V1_RPCS(HOSTKV_DECLARE_RPC)
+#undef HOSTKV_DECLARE_RPC
 
  private:
   // OK, or UNAUTHENTICATED if a token is required and not presented.

@@ -11,7 +11,9 @@
 #include <cstring>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace hostkv {
@@ -57,19 +59,39 @@ absl::StatusOr<InstanceLock> InstanceLock::Acquire(
   return InstanceLock(std::move(fd));
 }
 
-int RemoveStaleSegments() {
+std::string SegmentPrefix(const std::string& socket_path) {
+  if (socket_path.empty()) return absl::StrCat("/hostkv.p", getpid(), ".");
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a
+  for (const char c : socket_path) {
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  return absl::StrFormat("/hostkv.%016x.", hash);
+}
+
+namespace {
+
+// True if "/<name>" is a segment of a dead daemon.
+bool IsStale(const std::string& name, const std::string& own_prefix) {
+  const std::string path = "/" + name;
+  if (absl::StartsWith(path, own_prefix)) return true;
+  const std::vector<std::string> parts = absl::StrSplit(name, absl::MaxSplits('.', 2));
+  int pid = 0;
+  if (parts.size() != 3 || parts[0] != "hostkv" || parts[1].size() < 2 ||
+      parts[1][0] != 'p' || !absl::SimpleAtoi(parts[1].substr(1), &pid) ||
+      pid <= 0) {
+    return false;
+  }
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+int RemoveStaleSegments(const std::string& own_prefix) {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   int removed = 0;
   while (dirent* entry = readdir(dir)) {
-    const std::vector<std::string> parts =
-        absl::StrSplit(entry->d_name, absl::MaxSplits('.', 2));
-    int pid = 0;
-    if (parts.size() != 3 || parts[0] != "hostkv" ||
-        !absl::SimpleAtoi(parts[1], &pid) || pid <= 0) {
-      continue;
-    }
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // owner alive
+    if (!IsStale(entry->d_name, own_prefix)) continue;
     if (shm_unlink(absl::StrCat("/", entry->d_name).c_str()) == 0) ++removed;
   }
   closedir(dir);

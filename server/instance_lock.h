@@ -22,9 +22,17 @@ class InstanceLock {
   ScopedFd fd_;
 };
 
-// Removes /dev/shm segments "hostkv.<pid>.*" left by daemons that are no
-// longer running; returns how many.
-int RemoveStaleSegments();
+// The prefix of this daemon's shared-memory segments ("/hostkv.<id>."). A
+// Unix-socket daemon's id is a hash of its socket path, so the next daemon on
+// the same socket (which holds the instance lock) knows the segments of its
+// dead predecessor are stale, whatever its pid was (in a container it is
+// always 1). A TCP daemon's id is "p<pid>".
+std::string SegmentPrefix(const std::string& socket_path);
+
+// Removes segments left by dead daemons: every "/hostkv.<id>.*" of this
+// daemon's own prefix (REQUIRES: the instance lock is held), and every
+// "/hostkv.p<pid>.*" whose pid is not running. Returns how many.
+int RemoveStaleSegments(const std::string& own_prefix);
 
 }  // namespace hostkv
 

@@ -223,7 +223,7 @@ struct Daemon {
 };
 
 absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
-  const std::string prefix = absl::StrCat("/hostkv.", getpid(), ".");
+  const std::string prefix = SegmentPrefix(o.socket_path);
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
     d.registry = std::make_shared<prometheus::Registry>();
     d.metrics = std::make_unique<DaemonMetrics>(d.registry);
@@ -346,7 +346,7 @@ int Run() {
     lock = InstanceLock::Acquire(o.socket_path);
     if (!lock.ok()) return Fail(1, lock.status());
   }
-  if (int stale = RemoveStaleSegments(); stale > 0) {
+  if (int stale = RemoveStaleSegments(SegmentPrefix(o.socket_path)); stale > 0) {
     spdlog::info("removed {} shared-memory segments left by dead daemons", stale);
   }
   Daemon d;

@@ -69,6 +69,30 @@ TEST(LifecycleTest, ConfigPoolsExistAtStartAndSigtermCleansUp) {
   std::remove(config.c_str());
 }
 
+TEST(LifecycleTest, RestartOnTheSameSocketRemovesAKilledDaemonsSegments) {
+  const std::string config = WriteConfig(kConfig);
+  char dir_template[] = "/tmp/hostkv-restart-XXXXXX";
+  const std::string listen = std::string("unix:") + mkdtemp(dir_template) + "/d.sock";
+  std::string segment;
+  {
+    testing::DaemonProcess first({"--config=" + config}, listen);
+    ASSERT_TRUE(first.started()) << first.log();
+    auto pool = Client::Connect(listen, "t").value()->GetPool("llama");
+    ASSERT_OK(pool);
+    segment = "/dev/shm" + pool->segment_name();
+    EXPECT_EQ(128 + SIGKILL, first.Stop(SIGKILL));
+  }
+  EXPECT_TRUE(Exists(segment));  // a killed daemon cleans nothing
+  testing::DaemonProcess second({"--config=" + config}, listen);
+  ASSERT_TRUE(second.started()) << second.log();
+  EXPECT_NE(std::string::npos, second.log().find("removed 2 shared-memory segments"))
+      << second.log();  // the two pools
+  EXPECT_TRUE(Exists(segment));  // created anew
+  EXPECT_EQ(0, second.Stop(SIGTERM));
+  EXPECT_FALSE(Exists(segment));
+  std::remove(config.c_str());
+}
+
 TEST(LifecycleTest, InvalidConfigFailsFastNamingTheField) {
   const std::string config = WriteConfig(R"pb(
     pools { name: "x" geometry { mha { num_layers: 2 num_kv_heads: 1 head_dim: 8 } dtype: DTYPE_BF16 }

@@ -23,17 +23,6 @@
 namespace hostkv {
 namespace {
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // GET /metrics; returns "series{labels}" -> value.
 std::map<std::string, double> Scrape(int port) {
@@ -80,7 +69,7 @@ v1::PoolSpec Spec(const std::string& name) {
 }
 
 TEST(OperationsTest, MetricsCountWhatWasDone) {
-  const int port = FreePort();
+  const int port = testing::FreeTcpPort();
   testing::DaemonProcess daemon({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
   ASSERT_TRUE(daemon.started()) << daemon.log();
   auto client = Client::Connect(daemon.target(), "workload").value();

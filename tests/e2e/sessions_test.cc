@@ -178,24 +178,13 @@ TEST(SessionsTest, ManyClientsSomeKilledKeepEveryByteAndEveryPage) {
   EXPECT_LT(took, absl::Seconds(5));
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 TEST(SessionsTest, TcpSessionsLiveByLeaseAndNeedTheToken) {
   const std::string token_file = WriteFile("s3cret\n");
   testing::DaemonProcess daemon(
       {"--session_lease=1s", "--auth_token_file=" + token_file,
        "--config=" + ChurnConfig()},
-      absl::StrCat("tcp:", FreePort()));
+      absl::StrCat("tcp:", testing::FreeTcpPort()));
   ASSERT_TRUE(daemon.started()) << daemon.log();
   EXPECT_ERROR(Unauthenticated, Client::Connect(daemon.target(), "no-token"));
   ConnectOptions options;

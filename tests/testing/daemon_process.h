@@ -44,6 +44,9 @@ class DaemonProcess {
   bool started_ = false;
 };
 
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreeTcpPort();
+
 }  // namespace hostkv::testing
 
 #endif  // HOSTKV_TESTS_TESTING_DAEMON_PROCESS_H_

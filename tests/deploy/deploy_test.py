@@ -1,0 +1,1228 @@
+#!/usr/bin/python3
+"""Keeps the container and the deployment examples consistent with hostkvd.
+
+usage: deploy_test.py --source=DIR --hostkvd=BIN --hostkv=BIN {manifests|dockerfile}
+
+manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
+  file) is parsed, and for every container/service that runs the hostkvd
+  image:
+  - its arguments (and HOSTKVD_* variables) name only flags that
+    `hostkvd --helpfull` lists; byte sizes parse as hostkvd parses them;
+  - --listen is unix:PATH and dirname(PATH) is the mount path of the shared
+    socket volume, in the daemon and in every engine container (same volume
+    in a pod, same hostPath across pods, same named volume in Compose), and
+    the engine's HOSTKV_TARGET is unix:PATH;
+  - /dev/shm is shared: the same memory-backed emptyDir in both containers of
+    a pod, hostIPC + hostPath /dev/shm in both pods, ipc: shareable /
+    service:hostkvd in Compose;
+  - liveness/readiness probes (and the Compose healthcheck) run
+    `hostkv --target=unix:PATH health`, and those very commands, pointed at a
+    temporary socket, exit 0 against a daemon started with the container's own
+    flags and config;
+  - the config (ConfigMap key mounted at /etc/hostkv/hostkvd.textproto, or the
+    file Compose mounts there) parses as hostkv.v1.DaemonConfig, and hostkvd
+    starts with it and creates every pool (capacities shrunk to a few pages so
+    the test fits any machine; the full sizes are computed from the daemon's
+    own bytes_per_token);
+  - sizes add up: configured pools <= --memory_budget <= the container's
+    memory request - overhead, request <= limit, /dev/shm size >= budget,
+    --copy_threads <= the CPU request;
+  - the daemon and the engines run as the image's uid (CPU backend: the
+    daemon opens the engines' 0600 shared-memory device buffers);
+  - every hostkvd image reference is the same, tagged with the project
+    version.
+dockerfile: the Dockerfile's runtime stage runs as a non-root numeric user
+  (the one the manifests name), has HEALTHCHECK `hostkv ... health` on the
+  socket of its CMD's --listen, STOPSIGNAL SIGTERM, VOLUME = the socket
+  directory, EXPOSE only ports its flags listen on, no compiler or -dev
+  package, the runtime libraries `ldd` finds for hostkvd and hostkv (Debian
+  package closure), a build stage with the project's non-test packages
+  (deploy/install_deps.sh); the build context (.dockerignore + COPY) holds
+  what CMake needs to configure hostkvd and hostkv; the entrypoint restarts
+  cleanly after the daemon was SIGKILLed (pid namespace + private /dev/shm,
+  skipped where unshare is not permitted).
+"""
+import argparse
+import glob
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import yaml
+except ImportError:
+    sys.exit("deploy_test: python3-yaml is missing (deploy/install_deps.sh installs it)")
+
+SOCKET_ENV = "HOSTKV_TARGET"
+CONFIG_PATH = "/etc/hostkv/hostkvd.textproto"
+CONFIG_DIR = os.path.dirname(CONFIG_PATH)
+HEALTH_WORD = "health"
+# Memory a daemon container needs beyond --memory_budget (gRPC, copy threads,
+# signal records, page I/O buffers).
+MIN_OVERHEAD = 512 << 20
+# Debian packages whose names say "this is a compiler / toolchain".
+TOOLCHAIN = re.compile(r"^(gcc|g\+\+|cpp|clang|llvm|cmake|make|ninja-build|build-essential|"
+                       r"binutils|protobuf-compiler.*|nvidia-cuda-toolkit|cuda-.*|.*-dev)(-\d.*)?$")
+# Files the build reads (the build context must not lose them).
+BUILD_INPUT = re.compile(r"(\.(h|hh|hpp|inc|c|cc|cpp|cu|cuh|proto|cmake|sh|in)|^CMakeLists\.txt)$")
+# install_deps.sh packages that only the tests need.
+TEST_ONLY = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|python3-.*)$")
+
+
+class Failures:
+    def __init__(self):
+        self.items = []
+
+    def check(self, ok, where, message):
+        if not ok:
+            self.items.append(f"{where}: {message}")
+        return ok
+
+    def fail(self, where, message):
+        self.items.append(f"{where}: {message}")
+
+
+F = Failures()
+
+
+def note(message):
+    print(message, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Sizes and the daemon's flags
+
+def parse_hostkvd_bytes(text):
+    """server/byte_size.cc, in Python."""
+    m = re.fullmatch(r"(\d+)([A-Za-z]*)", str(text))
+    if not m:
+        return None
+    units = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20,
+             "MIB": 1 << 20, "MB": 10**6, "G": 1 << 30, "GIB": 1 << 30, "GB": 10**9,
+             "T": 1 << 40, "TIB": 1 << 40, "TB": 10**12}
+    scale = units.get(m.group(2).upper())
+    return None if scale is None else int(m.group(1)) * scale
+
+
+def parse_k8s_quantity(text):
+    m = re.fullmatch(r"([0-9.]+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|m)?", str(text))
+    if not m:
+        return None
+    scale = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+             "Pi": 1 << 50, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+             "P": 10**15, "m": 1e-3}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def parse_docker_bytes(text):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([bkmgt]?)b?", str(text).strip().lower())
+    if not m:
+        return None
+    return float(m.group(1)) * {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
+                                "t": 1 << 40}[m.group(2)]
+
+
+def gib(n):
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+class Hostkvd:
+    """What `hostkvd --helpfull` says: flag names and defaults."""
+
+    def __init__(self, binary):
+        self.binary = binary
+        out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True,
+                             timeout=30)
+        text = out.stdout + out.stderr
+        self.flags = set(re.findall(r"^\s+--([A-Za-z0-9_]+) \(", text, re.M))
+        # absl's own: --help, --helpfull, ... are not listed by --helpfull.
+        self.flags |= {"help", "helpfull", "helpshort", "helppackage", "version",
+                       "only_check_args", "helpon", "helpmatch"}
+        self.defaults = dict(re.findall(
+            r"^\s+--([A-Za-z0-9_]+) \(.*?\);\s+default: \"?([^\";]*)\"?;", text, re.M | re.S))
+        if "listen" not in self.flags or "memory_budget" not in self.flags:
+            raise SystemExit(f"cannot read hostkvd's flags from `{binary} --helpfull`:\n{text}")
+
+    def parse_args(self, args, where):
+        """{name: value} of --name=value / --name value / --[no]bool args."""
+        values = {}
+        i = 0
+        while i < len(args):
+            arg = str(args[i])
+            i += 1
+            if not F.check(arg.startswith("-"), where,
+                           f"argument '{arg}' is not a flag (hostkvd takes no positional "
+                           f"arguments)"):
+                continue
+            body = arg.lstrip("-")
+            name, eq, value = body.partition("=")
+            if not eq:
+                if name in self.flags and self.defaults.get(name) not in ("true", "false") \
+                        and i < len(args) and not str(args[i]).startswith("-"):
+                    value = str(args[i])
+                    i += 1
+                elif name.startswith("no") and name[2:] in self.flags:
+                    name, value = name[2:], "false"
+                else:
+                    value = "true"
+            F.check(name in self.flags, where,
+                    f"--{name}: hostkvd has no such flag (it has: "
+                    f"{', '.join(sorted(self.flags - {'help', 'helpfull', 'helpshort', 'helppackage', 'version', 'only_check_args', 'helpon', 'helpmatch', 'flagfile', 'fromenv', 'tryfromenv', 'undefok'}))})")
+            values[name] = value
+        if values.get("socket_group"):
+            F.check(values["socket_group"] in IMAGE_GROUPS, where,
+                    f"--socket_group={values['socket_group']}: the image has no such group "
+                    f"(it has {sorted(IMAGE_GROUPS)})")
+        for size_flag in ("memory_budget", "memory_reserve", "max_page_io"):
+            if size_flag in values:
+                F.check(parse_hostkvd_bytes(values[size_flag]) is not None, where,
+                        f"--{size_flag}={values[size_flag]} is not a size hostkvd parses "
+                        f"(e.g. 512MiB, 64GiB)")
+        return values
+
+    def flag(self, values, name):
+        return values.get(name, self.defaults.get(name, ""))
+
+
+def listen_socket(hostkvd, values, where):
+    listen = hostkvd.flag(values, "listen")
+    if not F.check(listen.startswith("unix:/"), where,
+                   f"--listen={listen}: the deployments share a Unix socket (unix:/PATH)"):
+        return None
+    return listen[len("unix:"):]
+
+
+def health_command_ok(argv, socket_path, where, what):
+    """argv must be [.../hostkv, --target=unix:SOCKET, health]."""
+    argv = [str(a) for a in (argv or [])]
+    ok = (len(argv) >= 3 and os.path.basename(argv[0]) == "hostkv"
+          and f"--target=unix:{socket_path}" in argv[1:]
+          and [a for a in argv[1:] if not a.startswith("-")] == [HEALTH_WORD])
+    return F.check(ok, where, f"{what} should be [hostkv, --target=unix:{socket_path}, "
+                              f"{HEALTH_WORD}], is {argv}")
+
+
+# ---------------------------------------------------------------------------
+# The daemon, started for real
+
+class Protos:
+    """hostkv_pb2 / hostkv_pb2_grpc generated from the source tree."""
+
+    def __init__(self, source, workdir):
+        from grpc_tools import protoc
+        out = os.path.join(workdir, "py")
+        os.makedirs(out)
+        rc = protoc.main(["protoc", f"-I{source}/proto", f"--python_out={out}",
+                          f"--grpc_python_out={out}", "hostkv/v1/hostkv.proto"])
+        if rc != 0:
+            raise SystemExit("protoc failed on proto/hostkv/v1/hostkv.proto")
+        sys.path.insert(0, out)
+        from hostkv.v1 import hostkv_pb2, hostkv_pb2_grpc  # noqa: E402
+        from google.protobuf import text_format  # noqa: E402
+        self.pb = hostkv_pb2
+        self.grpc = hostkv_pb2_grpc
+        self.text_format = text_format
+
+
+def parse_config(protos, text, where):
+    config = protos.pb.DaemonConfig()
+    try:
+        protos.text_format.Parse(text, config)
+    except protos.text_format.ParseError as e:
+        F.fail(where, f"not a text-format hostkv.v1.DaemonConfig: {e}")
+        return None
+    return config
+
+
+def shrunk(protos, config):
+    """The same pools with a few pages each (and no device_pool_tokens)."""
+    small = protos.pb.DaemonConfig()
+    small.CopyFrom(config)
+    for pool in small.pools:
+        pool.capacity_tokens = 4 * max(pool.page_size, 1)
+        pool.device_pool_tokens = 0
+    return small
+
+
+def pool_bytes(spec, bytes_per_token):
+    ps = max(spec.page_size, 1)
+    if spec.WhichOneof("capacity") == "capacity_tokens":
+        tokens = spec.capacity_tokens
+    else:
+        tokens = spec.capacity_bytes // bytes_per_token
+    slots = (tokens // ps + 1) * ps
+    return slots, slots * bytes_per_token
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tcp_ports(values):
+    """Ports of the flags that listen on TCP (HOST:PORT values)."""
+    return {int(v.rsplit(":", 1)[1]) for k, v in values.items()
+            if k.endswith("listen") and re.fullmatch(r"[^/\s]*:\d+", v)}
+
+
+def clean_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("HOSTKVD_")}
+
+
+def wait_for(predicate, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def run_daemon(args, protos, config, where, probes, cli, workdir):
+    """Starts hostkvd with the container's flags (--listen replaced by a temp
+    socket, --memory_reserve 0, the config shrunk), runs every probe command
+    against it, and returns {pool name: bytes_per_token}."""
+    import grpc
+    tmp = tempfile.mkdtemp(prefix="run-", dir=workdir)
+    sock = os.path.join(tmp, "hostkvd.sock")
+    argv = [str(a) for a in args
+            if not re.match(r"^--?(listen|socket_group|config|memory_reserve)(=|$)", str(a))]
+    argv += [f"--listen=unix:{sock}", "--memory_reserve=0"]
+    # TCP endpoints (--metrics_listen=0.0.0.0:9464): a free loopback port.
+    http = {}
+    for i, a in enumerate(argv):
+        m = re.match(r"^--?(\w*listen)=(\S*):(\d+)$", a)
+        if m:
+            port = free_port()
+            argv[i] = f"--{m.group(1)}=127.0.0.1:{port}"
+            http[m.group(1)] = port
+    if config is not None:
+        path = os.path.join(tmp, "hostkvd.textproto")
+        with open(path, "w") as f:
+            f.write(protos.text_format.MessageToString(shrunk(protos, config)))
+        argv.append(f"--config={path}")
+    log = open(os.path.join(tmp, "hostkvd.log"), "w+")
+    daemon = subprocess.Popen([HOSTKVD.binary] + argv, stdout=log, stderr=subprocess.STDOUT,
+                              env=clean_env())
+    result = {}
+    try:
+        if not wait_for(lambda: os.path.exists(sock) or daemon.poll() is not None, 60) or \
+                daemon.poll() is not None:
+            log.seek(0)
+            F.fail(where, f"hostkvd {' '.join(argv)} did not start:\n{log.read()}")
+            return None
+        for what, command, socket_path in probes:
+            cmd = [cli if os.path.basename(str(command[0])) == "hostkv" else str(command[0])]
+            cmd += [str(a).replace(f"unix:{socket_path}", f"unix:{sock}") for a in command[1:]]
+            ok = False
+            for _ in range(100):  # the socket exists a moment before SERVING
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                if r.returncode == 0:
+                    ok = True
+                    break
+                if "unknown command" in r.stderr:
+                    break
+                time.sleep(0.05)
+            if F.check(ok, where, f"{what} `{shlex.join(command)}` against the running "
+                                  f"daemon: exit {r.returncode}: {r.stdout.strip()} "
+                                  f"{r.stderr.strip()}"):
+                note(f"  {what}: `{shlex.join(command)}` exits 0 against the daemon")
+        if "metrics_listen" in http:
+            import urllib.request
+            url = f"http://127.0.0.1:{http['metrics_listen']}/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    body = resp.read().decode()
+                F.check("hostkv_" in body, where, f"{url} serves no hostkv_ metrics")
+                note(f"  {where}: --metrics_listen serves /metrics")
+            except OSError as e:
+                F.fail(where, f"--metrics_listen: GET {url}: {e}")
+        channel = grpc.insecure_channel(f"unix:{sock}")
+        stub = protos.grpc.HostKVStub(channel)
+        pools = stub.ListPools(protos.pb.ListPoolsRequest(), timeout=10).pools
+        result = {p.spec.name: p.bytes_per_token for p in pools}
+        channel.close()
+        if config is not None:
+            for spec in config.pools:
+                F.check(spec.name in result, where,
+                        f"pool '{spec.name}' of the config was not created")
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(timeout=30)
+        log.seek(0)
+        F.check(rc == 0, where, f"hostkvd exited {rc} on SIGTERM:\n{log.read()}")
+        F.check(not os.path.exists(sock), where, "the socket was not removed on SIGTERM")
+        return result
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+
+
+def check_config_sizes(config, bytes_per_token, budget, where):
+    total = 0
+    for spec in config.pools:
+        bpt = bytes_per_token.get(spec.name)
+        if not bpt:
+            continue
+        slots, size = pool_bytes(spec, bpt)
+        if spec.device_pool_tokens:
+            F.check(slots > spec.device_pool_tokens, where,
+                    f"pool '{spec.name}': {slots} token slots must exceed device_pool_tokens "
+                    f"{spec.device_pool_tokens}")
+        note(f"  {where}: pool '{spec.name}': {slots} token slots x {bpt} bytes = {gib(size)}")
+        total += size
+    if budget:
+        F.check(total <= budget, where,
+                f"the configured pools take {gib(total)}, more than --memory_budget {gib(budget)}")
+    return total
+
+
+# ---------------------------------------------------------------------------
+# Kubernetes
+
+WORKLOADS = {"Pod", "Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "CronJob"}
+
+
+def pod_spec(obj):
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return obj.get("spec") or {}
+    if kind == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return obj["spec"]["template"]["spec"]
+
+
+def is_hostkvd_image(image):
+    return str(image).rsplit(":", 1)[0].split("@")[0] == IMAGE_REPO
+
+
+def runs_daemon(container, compose=False):
+    """The hostkvd image with its entrypoint (or an explicit hostkvd)."""
+    if not is_hostkvd_image(container.get("image", "")):
+        return False
+    # Kubernetes' command replaces the ENTRYPOINT, Compose's entrypoint does.
+    command = container.get("entrypoint" if compose else "command")
+    if not command:
+        return True
+    if isinstance(command, str):
+        command = shlex.split(command)
+    return os.path.basename(str(command[0])) in ("hostkvd", "hostkvd-entrypoint")
+
+
+def mounts_at(container, path):
+    return [m for m in container.get("volumeMounts") or [] if m.get("mountPath") == path]
+
+
+def security(spec, container, key):
+    ctx = container.get("securityContext") or {}
+    if key in ctx:
+        return ctx[key]
+    return (spec.get("securityContext") or {}).get(key)
+
+
+def volume(spec, name):
+    for v in spec.get("volumes") or []:
+        if v.get("name") == name:
+            return v
+    return None
+
+
+def shm_source(spec, container, where):
+    """('emptyDir', pod-local id, size) / ('hostPath', path, None) / None."""
+    mounts = mounts_at(container, "/dev/shm")
+    if not F.check(len(mounts) == 1, where, "mounts nothing at /dev/shm (the pools, signal "
+                                            "records and device buffers live there)"):
+        return None
+    v = volume(spec, mounts[0]["name"]) or {}
+    if "emptyDir" in v:
+        e = v["emptyDir"] or {}
+        F.check(e.get("medium") == "Memory", where,
+                "the /dev/shm emptyDir must be medium: Memory (tmpfs)")
+        size = parse_k8s_quantity(e["sizeLimit"]) if "sizeLimit" in e else None
+        F.check(size is not None, where, "the /dev/shm emptyDir needs a sizeLimit "
+                                         "(its tmpfs size; >= --memory_budget)")
+        return ("emptyDir", v["name"], size)
+    if "hostPath" in v:
+        path = v["hostPath"].get("path")
+        F.check(path == "/dev/shm", where, f"/dev/shm comes from hostPath {path}, not /dev/shm")
+        F.check(spec.get("hostIPC") is True, where,
+                "the host's /dev/shm is shared, but hostIPC is not true")
+        return ("hostPath", path, None)
+    F.fail(where, f"/dev/shm volume '{mounts[0]['name']}' is neither a memory emptyDir nor "
+                  f"hostPath /dev/shm")
+    return None
+
+
+def socket_source(spec, container, socket_dir, where):
+    mounts = mounts_at(container, socket_dir)
+    if not F.check(len(mounts) == 1, where,
+                   f"mounts nothing at {socket_dir} (the directory of the socket)"):
+        return None
+    v = volume(spec, mounts[0]["name"]) or {}
+    if "emptyDir" in v:
+        return ("emptyDir", v["name"])
+    if "hostPath" in v:
+        return ("hostPath", v["hostPath"].get("path"))
+    F.fail(where, f"the socket volume '{mounts[0]['name']}' is neither an emptyDir nor a "
+                  f"hostPath")
+    return None
+
+
+def config_text(spec, container, configmaps, namespace, where):
+    """The text the entrypoint would find at /etc/hostkv/hostkvd.textproto."""
+    for m in container.get("volumeMounts") or []:
+        path = m.get("mountPath")
+        v = volume(spec, m.get("name")) or {}
+        if "configMap" not in v:
+            continue
+        cm_name = v["configMap"].get("name")
+        cm = configmaps.get((namespace, cm_name))
+        if path == CONFIG_DIR and not m.get("subPath"):
+            items = v["configMap"].get("items")
+            key = os.path.basename(CONFIG_PATH)
+            if items:
+                key = next((i["key"] for i in items if i.get("path") == key), None)
+        elif path == CONFIG_PATH and m.get("subPath"):
+            key = m["subPath"]
+        else:
+            continue
+        if not F.check(cm is not None, where, f"ConfigMap {namespace}/{cm_name} is not in the "
+                                              f"same file"):
+            return None
+        if not F.check(key in (cm.get("data") or {}), where,
+                       f"ConfigMap {cm_name} has no key for {CONFIG_PATH}"):
+            return None
+        return cm["data"][key]
+    return None
+
+
+def check_k8s_file(path, docs, protos, cli, workdir):
+    rel = os.path.relpath(path, SOURCE)
+    configmaps = {}
+    for d in docs:
+        if d.get("kind") == "ConfigMap":
+            md = d.get("metadata") or {}
+            configmaps[(md.get("namespace", "default"), md.get("name"))] = d
+    daemons, engines = [], []
+    for d in docs:
+        if d.get("kind") not in WORKLOADS:
+            continue
+        md = d.get("metadata") or {}
+        namespace = md.get("namespace", "default")
+        spec = pod_spec(d)
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            where = f"{rel}: {d['kind']}/{md.get('name')}: container {c.get('name')}"
+            image = c.get("image", "")
+            if "hostkv" in image:
+                IMAGES.append((where, image))
+            if runs_daemon(c):
+                if c in (spec.get("initContainers") or []):
+                    F.check(c.get("restartPolicy") == "Always", where,
+                            "hostkvd as an init container must be a native sidecar "
+                            "(restartPolicy: Always)")
+                daemons.append((where, spec, c, namespace))
+            elif any(e.get("name") == SOCKET_ENV for e in c.get("env") or []):
+                engines.append((where, spec, c))
+    F.check(daemons, rel, "no container runs the hostkvd image")
+    F.check(engines, rel, f"no engine container (one with {SOCKET_ENV})")
+
+    sockets = []  # (socket path, socket source, shm source, uid, spec)
+    for where, spec, c, namespace in daemons:
+        args = [str(a) for a in c.get("args") or []]
+        cmd = c.get("command") or []
+        if cmd and os.path.basename(str(cmd[0])) == "hostkvd":
+            args = [str(a) for a in cmd[1:]] + args
+        values = HOSTKVD.parse_args(args, where)
+        for e in c.get("env") or []:
+            name = e.get("name", "")
+            if name.startswith("HOSTKVD_") and name != "HOSTKVD_CONFIG":
+                F.check(name[len("HOSTKVD_"):].lower() in HOSTKVD.flags, where,
+                        f"env {name} names no hostkvd flag")
+        socket_path = listen_socket(HOSTKVD, values, where)
+        if socket_path is None:
+            continue
+        socket_dir = os.path.dirname(socket_path)
+        sock_src = socket_source(spec, c, socket_dir, where)
+        shm = shm_source(spec, c, where)
+        uid = security(spec, c, "runAsUser")
+        F.check(uid == IMAGE_UID, where,
+                f"runAsUser is {uid}, not the image's uid {IMAGE_UID}")
+        F.check(security(spec, c, "runAsNonRoot") is True, where, "runAsNonRoot is not true")
+        if sock_src and sock_src[0] == "hostPath":
+            # kubelet creates it root-owned: someone must give it to the daemon.
+            inits = [i for i in spec.get("initContainers") or []
+                     if i is not c and any(m.get("name") == mounts_at(c, socket_dir)[0]["name"]
+                                           for m in i.get("volumeMounts") or [])]
+            F.check(any(str(IMAGE_UID) in " ".join(map(str, i.get("command") or []))
+                        for i in inits), where,
+                    f"the hostPath socket directory is root-owned until an init container "
+                    f"gives it to uid {IMAGE_UID}")
+
+        probes = []
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+            probe = c.get(kind)
+            if probe is None:
+                F.check(kind == "startupProbe", where, f"no {kind}")
+                continue
+            command = (probe.get("exec") or {}).get("command")
+            if health_command_ok(command, socket_path, where, f"{kind}.exec.command"):
+                probes.append((f"{where}: {kind}", command, socket_path))
+
+        text = config_text(spec, c, configmaps, namespace, where)
+        F.check(not any(a.startswith(("--config", "-config")) for a in args) or text is None,
+                where, f"--config given although {CONFIG_PATH} is mounted (the entrypoint "
+                       f"passes it)")
+        config = parse_config(protos, text, f"{where}: {CONFIG_PATH}") if text else None
+        if config is not None:
+            check_config_flags(config, f"{where}: {CONFIG_PATH}")
+        bpt = run_daemon(args, protos, config, where, probes, cli, workdir)
+
+        budget = parse_hostkvd_bytes(HOSTKVD.flag(values, "memory_budget")) or 0
+        F.check(budget > 0, where, "no --memory_budget: in a container hostkvd sees the node's "
+                                   "memory, not the container's limit")
+        if config is not None and bpt is not None:
+            check_config_sizes(config, bpt, budget, where)
+        res = c.get("resources") or {}
+        req = parse_k8s_quantity((res.get("requests") or {}).get("memory", "0")) or 0
+        lim = parse_k8s_quantity((res.get("limits") or {}).get("memory", "0")) or 0
+        F.check(req >= budget + MIN_OVERHEAD, where,
+                f"memory request {gib(req)} < --memory_budget {gib(budget)} + "
+                f"{gib(MIN_OVERHEAD)} (the pool pages are charged to this container)")
+        F.check(lim == 0 or lim >= req, where, "memory limit below the request")
+        if shm and shm[0] == "emptyDir" and shm[2] is not None:
+            F.check(shm[2] >= budget, where,
+                    f"/dev/shm sizeLimit {gib(shm[2])} < --memory_budget {gib(budget)}")
+        cpu = (res.get("requests") or {}).get("cpu") or (res.get("limits") or {}).get("cpu")
+        if cpu is not None:
+            threads = int(HOSTKVD.flag(values, "copy_threads") or 0)
+            F.check(0 < threads <= math.ceil(parse_k8s_quantity(cpu)), where,
+                    f"--copy_threads={threads} with a CPU request of {cpu} (0 = one per "
+                    f"core of the node)")
+        declared = {p.get("containerPort") for p in c.get("ports") or []}
+        for port in tcp_ports(values):
+            F.check(port in declared, where, f"listens on TCP port {port} (flags) but does not "
+                                             f"declare it in ports")
+        sockets.append((socket_path, sock_src, shm, uid, spec))
+
+    for where, spec, c in engines:
+        target = next(e.get("value") for e in c.get("env") or [] if e.get("name") == SOCKET_ENV)
+        matched = False
+        for socket_path, sock_src, shm, uid, dspec in sockets:
+            if target != f"unix:{socket_path}":
+                continue
+            matched = True
+            src = socket_source(spec, c, os.path.dirname(socket_path), where)
+            eshm = shm_source(spec, c, where)
+            if dspec is spec:
+                F.check(src == sock_src, where, f"the socket volume {src} is not the daemon's "
+                                                f"{sock_src}")
+                F.check(eshm == shm, where, f"/dev/shm {eshm} is not the daemon's {shm}")
+            else:
+                F.check(src and src[0] == "hostPath" and src == sock_src, where,
+                        f"across pods the socket directory must be the daemon's hostPath "
+                        f"{sock_src}, is {src}")
+                F.check(eshm and eshm[0] == "hostPath" and shm and shm[0] == "hostPath", where,
+                        "across pods both must use the host's /dev/shm (hostIPC + hostPath)")
+            euid = security(spec, c, "runAsUser")
+            F.check(euid == uid, where,
+                    f"runAsUser {euid}: the CPU backend needs the daemon's uid {uid} (the "
+                    f"daemon opens the engine's 0600 shared-memory device buffers)")
+        F.check(matched, where, f"{SOCKET_ENV}={target} is not the socket of any hostkvd in "
+                                f"the file ({[s[0] for s in sockets]})")
+
+
+def check_config_flags(config, where):
+    if "flags" in config.DESCRIPTOR.fields_by_name:
+        for name in config.flags:
+            F.check(name in HOSTKVD.flags, where, f"flags {{ key: \"{name}\" }}: hostkvd has "
+                                                  f"no such flag")
+
+
+# ---------------------------------------------------------------------------
+# Compose
+
+def compose_list(value):
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    return [str(v) for v in value]
+
+
+def compose_env(service):
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
+    return env
+
+
+def compose_mounts(service):
+    """[(source, target, type)] of short and long volume syntax."""
+    out = []
+    for v in service.get("volumes") or []:
+        if isinstance(v, str):
+            parts = v.split(":")
+            if len(parts) >= 2:
+                src = parts[0]
+                kind = "bind" if src.startswith((".", "/", "~")) else "volume"
+                out.append((src, parts[1], kind))
+        else:
+            out.append((v.get("source"), v.get("target"), v.get("type", "volume")))
+    return out
+
+
+def check_compose_file(path, doc, protos, cli, workdir):
+    rel = os.path.relpath(path, SOURCE)
+    base = os.path.dirname(path)
+    services = doc.get("services") or {}
+    daemons = {n: s for n, s in services.items() if runs_daemon(s, compose=True)}
+    engines = {n: s for n, s in services.items()
+               if n not in daemons and SOCKET_ENV in compose_env(s)}
+    F.check(daemons, rel, "no service runs the hostkvd image")
+    F.check(engines, rel, f"no engine service (one with {SOCKET_ENV})")
+    for name, s in services.items():
+        if "hostkv" in str(s.get("image", "")):
+            IMAGES.append((f"{rel}: service {name}", s["image"]))
+    sockets = {}
+    for name, s in daemons.items():
+        where = f"{rel}: service {name}"
+        build = s.get("build")
+        if build is not None:
+            context = build if isinstance(build, str) else build.get("context", ".")
+            dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile",
+                                                                               "Dockerfile")
+            F.check(os.path.realpath(os.path.join(base, context, dockerfile))
+                    == os.path.realpath(DOCKERFILE), where,
+                    f"build {context}/{dockerfile} is not the repository's Dockerfile")
+        args = compose_list(s.get("command")) or compose_list(
+            ["--listen=unix:" + SOCKET_DEFAULT])
+        values = HOSTKVD.parse_args(args, where)
+        for k in compose_env(s):
+            if k.startswith("HOSTKVD_") and k != "HOSTKVD_CONFIG":
+                F.check(k[len("HOSTKVD_"):].lower() in HOSTKVD.flags, where,
+                        f"environment {k} names no hostkvd flag")
+        socket_path = listen_socket(HOSTKVD, values, where)
+        if socket_path is None:
+            continue
+        mounts = compose_mounts(s)
+        sock = [m for m in mounts if m[1] == os.path.dirname(socket_path)]
+        F.check(len(sock) == 1 and sock[0][2] == "volume", where,
+                f"no named volume at {os.path.dirname(socket_path)}")
+        F.check(str(s.get("ipc")) in ("shareable", "host"), where,
+                f"ipc: {s.get('ipc')}: engines cannot join its IPC namespace and /dev/shm "
+                f"(ipc: shareable)")
+        user = str(s.get("user", IMAGE_UID)).split(":")[0]
+        F.check(user == str(IMAGE_UID), where, f"user {user} is not the image's {IMAGE_UID}")
+        hc = s.get("healthcheck") or {}
+        test = compose_list(hc.get("test"))
+        probes = []
+        if F.check(test[:1] == ["CMD"], where, "healthcheck.test should be [CMD, hostkv, ...]") \
+                and health_command_ok(test[1:], socket_path, where, "healthcheck.test"):
+            probes.append((f"{where}: healthcheck", test[1:], socket_path))
+        F.check(str(s.get("stop_signal", "SIGTERM")) == "SIGTERM", where,
+                "stop_signal should be SIGTERM (drain, then stop)")
+        config = None
+        for src, target, kind in mounts:
+            if target == CONFIG_PATH:
+                cfg_path = os.path.join(base, src)
+                if F.check(os.path.isfile(cfg_path), where, f"config {src} does not exist"):
+                    with open(cfg_path) as f:
+                        config = parse_config(protos, f.read(), f"{where}: {src}")
+                    if config is not None:
+                        check_config_flags(config, f"{where}: {src}")
+        bpt = run_daemon(args, protos, config, where, probes, cli, workdir)
+        budget = parse_hostkvd_bytes(HOSTKVD.flag(values, "memory_budget")) or 0
+        F.check(budget > 0, where, "no --memory_budget (the container limit is invisible to "
+                                   "hostkvd)")
+        if config is not None and bpt is not None:
+            check_config_sizes(config, bpt, budget, where)
+        shm = parse_docker_bytes(s.get("shm_size", "64m"))
+        F.check(shm is not None and shm >= budget, where,
+                f"shm_size {s.get('shm_size', '64m (default)')} < --memory_budget {gib(budget)}")
+        if "mem_limit" in s:
+            F.check(parse_docker_bytes(s["mem_limit"]) >= budget + MIN_OVERHEAD, where,
+                    f"mem_limit {s['mem_limit']} < --memory_budget + {gib(MIN_OVERHEAD)}")
+        sockets[name] = (socket_path, sock[0][0] if sock else None)
+
+    for name, s in engines.items():
+        where = f"{rel}: service {name}"
+        target = compose_env(s)[SOCKET_ENV]
+        owner = [d for d, (p, _) in sockets.items() if target == f"unix:{p}"]
+        if not F.check(owner, where, f"{SOCKET_ENV}={target} is not any hostkvd's socket"):
+            continue
+        socket_path, vol = sockets[owner[0]]
+        F.check((vol, os.path.dirname(socket_path), "volume") in compose_mounts(s), where,
+                f"does not mount volume {vol} at {os.path.dirname(socket_path)}")
+        F.check(str(s.get("ipc")) in (f"service:{owner[0]}", "host"), where,
+                f"ipc: {s.get('ipc')}: must be service:{owner[0]} to share its /dev/shm")
+        F.check("shm_size" not in s, where, "shm_size on a service that joins another's IPC "
+                                            "namespace has no effect")
+        user = str(s.get("user", IMAGE_UID if is_hostkvd_image(s.get("image")) else "")
+                   ).split(":")[0]
+        F.check(user == str(IMAGE_UID), where,
+                f"user '{user}': the CPU backend needs the daemon's uid {IMAGE_UID}")
+        dep = s.get("depends_on") or {}
+        F.check(isinstance(dep, dict) and (dep.get(owner[0]) or {}).get("condition")
+                == "service_healthy", where,
+                f"should depend on {owner[0]} with condition: service_healthy")
+
+
+# ---------------------------------------------------------------------------
+# Dockerfile
+
+def dockerfile_instructions(path):
+    """[(line number, INSTRUCTION, argument text)], continuations joined."""
+    out, buf, start = [], "", 0
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            stripped = line.strip()
+            if not buf and (not stripped or stripped.startswith("#")):
+                continue
+            if buf and stripped.startswith("#"):
+                continue
+            if not buf:
+                start = n
+            if stripped.endswith("\\"):
+                buf += stripped[:-1] + " "
+                continue
+            buf += stripped
+            word, _, rest = buf.partition(" ")
+            out.append((start, word.upper(), rest.strip()))
+            buf = ""
+    return out
+
+
+def exec_form(text):
+    text = text.strip()
+    if text.startswith("["):
+        import json
+        return json.loads(text)
+    return ["/bin/sh", "-c", text]
+
+
+def apt_installs(run_text):
+    pkgs = []
+    for m in re.finditer(r"apt-get\s+install\s+([^&;|]*)", run_text):
+        pkgs += [w for w in m.group(1).split() if not w.startswith("-")]
+    return pkgs
+
+
+def parse_dockerfile():
+    """Stages and facts the manifests depend on (uid, image repo, version)."""
+    stages = []
+    for n, word, rest in dockerfile_instructions(DOCKERFILE):
+        if word == "FROM":
+            parts = rest.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None
+            stages.append({"from": parts[0], "name": name, "line": n, "ins": []})
+        elif stages:
+            stages[-1]["ins"].append((n, word, rest))
+    return stages
+
+
+def check_dockerfile(workdir, cli):
+    where = "Dockerfile"
+    stages = parse_dockerfile()
+    if not F.check(len(stages) >= 2, where, "not a multi-stage build"):
+        return
+    build, runtime = stages[0], stages[-1]
+    names = {s["name"] for s in stages if s["name"]}
+    F.check(runtime["from"] not in names, where,
+            f"the runtime stage starts FROM stage {runtime['from']} (inherits its toolchain)")
+    F.check(not re.search(r"(devel|-dev\b)", runtime["from"]), where,
+            f"runtime base {runtime['from']} is a development image")
+
+    def last(stage, word):
+        found = [rest for _, w, rest in stage["ins"] if w == word]
+        return found[-1] if found else None
+
+    # User.
+    user = last(runtime, "USER")
+    if F.check(user is not None, where, "the runtime stage has no USER (runs as root)"):
+        uid = user.split(":")[0]
+        F.check(uid.isdigit() and uid != "0", where,
+                f"USER {user}: must be a non-root numeric uid (runAsNonRoot can verify it)")
+        runs = " ".join(rest for _, w, rest in runtime["ins"] if w == "RUN")
+        m = re.search(r"useradd\b[^&;]*--uid\s+(\d+)", runs)
+        F.check(m and m.group(1) == uid, where,
+                f"USER {user} is not the uid useradd creates ({m.group(1) if m else None})")
+
+    # CMD / ENTRYPOINT / socket.
+    cmd = exec_form(last(runtime, "CMD") or "[]")
+    values = HOSTKVD.parse_args(cmd, f"{where}: CMD")
+    socket_path = listen_socket(HOSTKVD, values, f"{where}: CMD")
+    entrypoint = exec_form(last(runtime, "ENTRYPOINT") or "[]")
+    copies = [rest for _, w, rest in runtime["ins"] if w == "COPY"]
+    F.check(any(c.split()[-1] == entrypoint[0] and "deploy/entrypoint.sh" in c for c in copies)
+            if entrypoint else False, where,
+            f"ENTRYPOINT {entrypoint} is not deploy/entrypoint.sh copied into the image")
+    with open(os.path.join(SOURCE, "deploy", "entrypoint.sh")) as f:
+        ep = f.read()
+    m = re.search(r"^\s*exec\s+(\S+)", ep, re.M)
+    bin_dirs = [c.split()[-1].rstrip("/") for c in copies if "--from=" in c]
+    F.check(m and os.path.dirname(m.group(1)) in bin_dirs, where,
+            f"entrypoint.sh execs {m.group(1) if m else '?'}, not where hostkvd is copied "
+            f"({bin_dirs})")
+    r = subprocess.run(["sh", "-n", os.path.join(SOURCE, "deploy", "entrypoint.sh")],
+                       capture_output=True, text=True)
+    F.check(r.returncode == 0, "deploy/entrypoint.sh", f"sh -n: {r.stderr}")
+
+    # Healthcheck, stop signal, volume, expose.
+    hc = last(runtime, "HEALTHCHECK")
+    if F.check(hc is not None, where, "no HEALTHCHECK") and socket_path:
+        m = re.search(r"\bCMD\s+(.*)$", hc)
+        argv = exec_form(m.group(1)) if m else []
+        if health_command_ok(argv, socket_path, where, "HEALTHCHECK CMD"):
+            run_daemon(cmd, PROTOS, None, where, [(f"{where}: HEALTHCHECK", argv, socket_path)],
+                       cli, workdir)
+    F.check((last(runtime, "STOPSIGNAL") or "").upper() in ("SIGTERM", "15"), where,
+            "STOPSIGNAL should be SIGTERM (hostkvd drains its copies on it)")
+    vols = []
+    for _, w, rest in runtime["ins"]:
+        if w == "VOLUME":
+            vols += exec_form(rest) if rest.startswith("[") else rest.split()
+    if socket_path:
+        F.check(os.path.dirname(socket_path) in vols, where,
+                f"VOLUME {vols} does not hold the socket directory {os.path.dirname(socket_path)}")
+    listened = {str(p) for p in tcp_ports(values)}
+    exposed = set()
+    for _, w, rest in runtime["ins"]:
+        if w == "EXPOSE":
+            exposed |= {p.split("/")[0] for p in rest.split()}
+    F.check(exposed == listened, where,
+            f"EXPOSE {sorted(exposed)} but the CMD's flags listen on TCP ports {sorted(listened)}")
+
+    # Packages: no toolchain at runtime; build stage has the project's packages.
+    runtime_pkgs = []
+    for _, w, rest in runtime["ins"]:
+        if w == "RUN":
+            runtime_pkgs += apt_installs(rest)
+    bad = [p for p in runtime_pkgs if TOOLCHAIN.match(p)]
+    F.check(not bad, where, f"the runtime stage installs toolchain/-dev packages {bad}")
+    F.check(not any(re.search(r"--from=\S+\s+\S*(/usr/bin/(gcc|g\+\+|cc|c\+\+|ld)|/usr/include)",
+                              c) for c in copies), where,
+            "the runtime stage copies a compiler or headers")
+    build_pkgs = []
+    for _, w, rest in build["ins"]:
+        if w == "RUN":
+            build_pkgs += apt_installs(rest)
+    with open(os.path.join(SOURCE, "deploy", "install_deps.sh")) as f:
+        m = re.search(r"PACKAGES=\(([^)]*)\)", f.read())
+    needed = [p for p in (m.group(1).split() if m else []) if not TEST_ONLY.match(p)]
+    missing = [p for p in needed if p not in build_pkgs]
+    F.check(not missing, where, f"the build stage lacks {missing} (deploy/install_deps.sh "
+                                f"installs them for the build)")
+    check_runtime_libraries(runtime_pkgs, where)
+    check_build_context(stages, workdir)
+    check_entrypoint_restart(workdir)
+    lint = os.environ.get("DOCKERFILELINT")
+    if lint:
+        r = subprocess.run([lint, DOCKERFILE], capture_output=True, text=True)
+        F.check(r.returncode == 0, where, f"dockerfilelint:\n{r.stdout}{r.stderr}")
+
+
+def dpkg_owner(path):
+    candidates = {path, os.path.realpath(path)}
+    for p in list(candidates):
+        if p.startswith("/usr/lib/"):
+            candidates.add(p[len("/usr"):])
+        elif p.startswith("/lib/"):
+            candidates.add("/usr" + p)
+    for p in candidates:
+        r = subprocess.run(["dpkg", "-S", p], capture_output=True, text=True)
+        if r.returncode == 0:
+            return r.stdout.split(":")[0].strip()
+    return None
+
+
+def check_runtime_libraries(runtime_pkgs, where):
+    if not shutil.which("dpkg") or not shutil.which("apt-cache"):
+        note("SKIP runtime libraries: no dpkg/apt-cache here")
+        return
+    r = subprocess.run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests",
+                        "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"]
+                       + runtime_pkgs, capture_output=True, text=True)
+    closure = {line.strip() for line in r.stdout.splitlines()
+               if line and not line.startswith((" ", "<"))}
+    closure |= set(runtime_pkgs) | {"libc6", "libgcc-s1", "libstdc++6", "zlib1g"}  # base image
+    checked = set()
+    for binary in (HOSTKVD.binary, CLI):
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        for m in re.finditer(r"^\s*(\S+) => (\S+)", out, re.M):
+            lib, path = m.groups()
+            if path == "not" or re.match(r"lib(asan|ubsan|tsan|lsan|cuda|cudart)", lib):
+                continue
+            pkg = dpkg_owner(path)
+            if not F.check(pkg is not None, where,
+                           f"{os.path.basename(binary)} needs {lib} ({path}), which no Debian "
+                           f"package provides"):
+                continue
+            pkg = pkg.split(",")[0]
+            checked.add(pkg)
+            F.check(pkg in closure, where,
+                    f"{os.path.basename(binary)} needs {lib} from package {pkg}, which the "
+                    f"runtime stage does not install (add it to the runtime apt-get install)")
+    note(f"  runtime libraries of hostkvd and hostkv come from {sorted(checked)}")
+
+
+def dockerignore_patterns():
+    path = os.path.join(SOURCE, ".dockerignore")
+    if not os.path.exists(path):
+        return []
+    pats = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                pats.append(line)
+    return pats
+
+
+def ignored(rel, patterns):
+    """Docker's rule: the last matching pattern wins; a pattern also excludes
+    what lies under a matched directory."""
+    result = False
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    for pat in patterns:
+        neg = pat.startswith("!")
+        p = pat[1:] if neg else pat
+        p = p.strip("/")
+        rx = re.escape(p).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*") \
+            .replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        if any(re.fullmatch(rx, pre) for pre in prefixes):
+            result = not neg
+    return result
+
+
+def check_build_context(stages, workdir):
+    """Copies what the build stage COPYs (minus .dockerignore) and runs the
+    build stage's cmake configure on it."""
+    where = "Dockerfile"
+    patterns = dockerignore_patterns()
+    ctx = os.path.join(workdir, "context")
+    os.makedirs(ctx)
+    build = stages[0]
+    workdir_in_image = "/"
+    for _, w, rest in build["ins"]:
+        if w == "WORKDIR":
+            workdir_in_image = rest
+        if w != "COPY" or "--from=" in rest:
+            continue
+        words = [x for x in rest.split() if not x.startswith("--")]
+        srcs, dest = words[:-1], words[-1]
+        for src in srcs:
+            src = src.rstrip("/") if src not in (".", "./") else "."
+            full = os.path.join(SOURCE, src)
+            if not F.check(os.path.exists(full), where, f"COPY {src}: not in the repository"):
+                continue
+            if src != "." and not F.check(not ignored(src, patterns), where,
+                                          f"COPY {src}: excluded by .dockerignore"):
+                continue
+            target_rel = os.path.relpath(
+                os.path.join(workdir_in_image, dest) if not dest.startswith("/") else dest,
+                workdir_in_image)
+            # A directory's contents go into dest; a file goes into dest/ or
+            # becomes dest.
+            for root, _, files in os.walk(full):
+                for fname in files:
+                    fpath = os.path.join(root, fname)
+                    rel = os.path.relpath(fpath, SOURCE)
+                    if ignored(rel, patterns):
+                        # Configure would not notice a missing header.
+                        F.check(not BUILD_INPUT.search(fname), where,
+                                f"COPY {src}: .dockerignore excludes {rel}, a build input")
+                        continue
+                    out = os.path.join(ctx, target_rel, os.path.relpath(fpath, full))
+                    os.makedirs(os.path.dirname(out), exist_ok=True)
+                    shutil.copy2(fpath, out)
+            if os.path.isfile(full):
+                out = os.path.join(ctx, target_rel, os.path.basename(full)) \
+                    if dest.endswith("/") or target_rel == "." else os.path.join(ctx, target_rel)
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                shutil.copy2(full, out)
+    for rel in ("deploy/entrypoint.sh",):
+        F.check(not ignored(rel, patterns), where, f"{rel} is excluded by .dockerignore but "
+                                                   f"the runtime stage copies it")
+    runs = " ".join(rest for _, w, rest in build["ins"] if w == "RUN")
+    m = re.search(r"cmake\s+-S\s+\.\s+-B\s+(\S+)((?:\s+-D\S+)*)", runs)
+    if not F.check(m is not None, where, "the build stage has no `cmake -S . -B DIR -D...`"):
+        return
+    defs = m.group(2).split()
+    bdir = os.path.join(workdir, "context-build")
+    r = subprocess.run(["cmake", "-S", ctx, "-B", bdir] + defs, capture_output=True, text=True,
+                       timeout=300)
+    if not F.check(r.returncode == 0, where,
+                   f"cmake configure of the Docker build context failed (a COPY missing?):\n"
+                   f"{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+        return
+    r = subprocess.run(["cmake", "--build", bdir, "--target", "help"], capture_output=True,
+                       text=True, timeout=120)
+    for target in ("hostkvd", "hostkv"):
+        F.check(re.search(rf"^\.\.\. {target}$", r.stdout, re.M), where,
+                f"the Docker build context does not define target {target}")
+    note("  Docker build context configures (targets hostkvd, hostkv)")
+
+
+ENTRYPOINT_RESTART = r"""
+set -eu
+mount -t tmpfs -o size=64m tmpfs /dev/shm
+start() {
+  unshare --pid --fork --kill-child --mount-proc sh "$EP" \
+    --listen=unix:$DIR/hostkvd.sock --memory_reserve=0 --config=$CFG >>$DIR/log 2>&1 &
+  UPID=$!
+  i=0
+  until "$CLI" --target=unix:$DIR/hostkvd.sock health >/dev/null 2>&1; do
+    i=$((i + 1)); [ $i -lt 200 ] || { echo "daemon did not become healthy"; cat $DIR/log; exit 1; }
+    kill -0 $UPID 2>/dev/null || { echo "daemon exited"; cat $DIR/log; exit 1; }
+    sleep 0.05
+  done
+}
+start
+ls /dev/shm | grep -q '^hostkv\..*\.pool\.restart$' || { echo "no pool segment"; ls /dev/shm; exit 1; }
+kill -KILL $UPID; wait $UPID 2>/dev/null || true
+i=0; while [ -S $DIR/hostkvd.sock ] && "$CLI" --target=unix:$DIR/hostkvd.sock health >/dev/null 2>&1; do
+  i=$((i + 1)); [ $i -lt 100 ] || break; sleep 0.05; done
+ls /dev/shm | grep -q '^hostkv\..*\.pool\.restart$' || { echo "SIGKILL left no segment behind?"; exit 1; }
+start
+echo restarted
+kill -KILL $UPID; wait $UPID 2>/dev/null || true
+"""
+
+
+def check_entrypoint_restart(workdir):
+    """A daemon SIGKILLed in a container (pid 1, /dev/shm outliving it) must
+    start again through the entrypoint."""
+    where = "deploy/entrypoint.sh"
+    if not shutil.which("unshare"):
+        note("SKIP entrypoint restart: no unshare")
+        return
+    d = tempfile.mkdtemp(prefix="restart-", dir=workdir)
+    with open(os.path.join(SOURCE, "deploy", "entrypoint.sh")) as f:
+        ep = f.read()
+    ep = ep.replace("/usr/local/bin/hostkvd", HOSTKVD.binary)
+    ep = ep.replace("/etc/hostkv/hostkvd.textproto", os.path.join(d, "absent.textproto"))
+    with open(os.path.join(d, "entrypoint.sh"), "w") as f:
+        f.write(ep)
+    with open(os.path.join(d, "cfg.textproto"), "w") as f:
+        f.write('pools { name: "restart" geometry { mha { num_layers: 2 num_kv_heads: 1 '
+                'head_dim: 64 } dtype: DTYPE_BF16 } page_size: 16 layout: LAYOUT_PAGE_FIRST '
+                'capacity_tokens: 256 }\n')
+    env = clean_env()
+    env.update(EP=os.path.join(d, "entrypoint.sh"), CFG=os.path.join(d, "cfg.textproto"),
+               DIR=d, CLI=CLI)
+    outer = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        outer = ["unshare", "--map-root-user", "--mount", "--propagation", "private"]
+    probe = subprocess.run(outer + ["--pid", "--fork", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        note(f"SKIP entrypoint restart: unshare is not permitted here ({probe.stderr.strip()})")
+        return
+    r = subprocess.run(outer + ["sh", "-c", ENTRYPOINT_RESTART], capture_output=True, text=True,
+                       env=env, timeout=120)
+    F.check(r.returncode == 0 and "restarted" in r.stdout, where,
+            f"hostkvd did not come back after SIGKILL through the entrypoint:\n"
+            f"{r.stdout}{r.stderr}")
+    if r.returncode == 0:
+        note("  entrypoint: hostkvd (pid 1) restarts after SIGKILL with its segments left behind")
+
+
+# ---------------------------------------------------------------------------
+
+def check_images():
+    repos = {img for _, img in IMAGES if is_hostkvd_image(img)}
+    want = f"{IMAGE_REPO}:{VERSION}"
+    for where, img in IMAGES:
+        if is_hostkvd_image(img):
+            F.check(img == want, where, f"image {img}, expected {want} (the project version)")
+    F.check(repos, "deploy/", "no file references the hostkvd image")
+
+
+def main():
+    global SOURCE, HOSTKVD, CLI, DOCKERFILE, IMAGE_UID, IMAGE_REPO, VERSION, IMAGES
+    global SOCKET_DEFAULT, PROTOS, IMAGE_GROUPS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--hostkvd", required=True)
+    ap.add_argument("--hostkv", required=True)
+    ap.add_argument("what", choices=["manifests", "dockerfile"])
+    a = ap.parse_args()
+    SOURCE = os.path.realpath(a.source)
+    HOSTKVD = Hostkvd(a.hostkvd)
+    CLI = a.hostkv
+    DOCKERFILE = os.path.join(SOURCE, "Dockerfile")
+    IMAGES = []
+    SOCKET_DEFAULT = HOSTKVD.defaults.get("listen", "unix:/run/hostkv/hostkvd.sock")[5:]
+    with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
+        VERSION = re.search(r"project\(\s*hostkv\s+VERSION\s+([0-9.]+)", f.read()).group(1)
+    stages = parse_dockerfile()
+    user = next((rest for _, w, rest in reversed(stages[-1]["ins"]) if w == "USER"), "0")
+    IMAGE_UID = int(user.split(":")[0]) if user.split(":")[0].isdigit() else None
+    runs = " ".join(rest for _, w, rest in stages[-1]["ins"] if w == "RUN")
+    IMAGE_GROUPS = set(re.findall(r"groupadd\b[^&;]*?\s([A-Za-z_][A-Za-z0-9_-]*)\s*(?:&&|;|$)",
+                                  runs))
+    label = " ".join(rest for _, w, rest in stages[-1]["ins"] if w == "LABEL")
+    m = re.search(r'org\.opencontainers\.image\.version="?([^"\s]+)', label)
+    IMAGE_REPO = "hostkv/hostkvd"
+    if m:
+        F.check(m.group(1) == VERSION, "Dockerfile",
+                f"LABEL version {m.group(1)} is not the project version {VERSION}")
+    note(f"hostkvd flags: {' '.join(sorted(HOSTKVD.flags))}")
+    note(f"image {IMAGE_REPO}:{VERSION}, uid {IMAGE_UID}")
+
+    workdir = tempfile.mkdtemp(prefix="hostkv-deploy-test-")
+    try:
+        PROTOS = Protos(SOURCE, workdir)
+        if a.what == "dockerfile":
+            check_dockerfile(workdir, CLI)
+        else:
+            files = sorted(glob.glob(os.path.join(SOURCE, "deploy", "**", "*.y*ml"),
+                                     recursive=True))
+            F.check(files, "deploy/", "no YAML files")
+            for path in files:
+                note(f"{os.path.relpath(path, SOURCE)}")
+                try:
+                    with open(path) as f:
+                        docs = [d for d in yaml.safe_load_all(f) if d is not None]
+                except yaml.YAMLError as e:
+                    F.fail(os.path.relpath(path, SOURCE), f"not YAML: {e}")
+                    continue
+                if len(docs) == 1 and "services" in docs[0]:
+                    check_compose_file(path, docs[0], PROTOS, CLI, workdir)
+                elif docs and all("apiVersion" in d and "kind" in d for d in docs):
+                    check_k8s_file(path, docs, PROTOS, CLI, workdir)
+                else:
+                    F.fail(os.path.relpath(path, SOURCE),
+                           "neither Kubernetes objects nor a Compose file")
+            for path in sorted(glob.glob(os.path.join(SOURCE, "deploy", "**", "*.textproto"),
+                                         recursive=True)):
+                rel = os.path.relpath(path, SOURCE)
+                with open(path) as f:
+                    config = parse_config(PROTOS, f.read(), rel)
+                if config is not None:
+                    check_config_flags(config, rel)
+                    run_daemon([], PROTOS, config, rel, [], CLI, workdir)
+                    note(f"{rel}: parses, hostkvd creates its {len(config.pools)} pool(s)")
+            check_images()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if F.items:
+        print(f"\nFAIL: {len(F.items)} problem(s):")
+        for item in F.items:
+            print(f"  - {item}")
+        sys.exit(1)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
