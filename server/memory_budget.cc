@@ -1,9 +1,12 @@
 #include "server/memory_budget.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -57,16 +60,40 @@ uint64_t MemoryBudget::reserved_bytes() const {
   return reserved_;
 }
 
+uint64_t MemoryBudget::CgroupHeadroom(const std::string& max_text,
+                                      const std::string& current_text) {
+  uint64_t max = 0, current = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(max_text), &max) ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(current_text), &current)) {
+    return UINT64_MAX;  // "max": no limit
+  }
+  return max > current ? max - current : 0;
+}
+
+namespace {
+
+std::string ReadSmallFile(const char* path) {
+  std::ifstream file(path);
+  std::string text;
+  std::getline(file, text);
+  return text;
+}
+
+}  // namespace
+
 uint64_t MemoryBudget::SystemAvailableBytes() {
+  uint64_t available = 0;
   std::ifstream meminfo("/proc/meminfo");
   std::string line;
   while (std::getline(meminfo, line)) {
     std::istringstream fields(line);
     std::string key;
     uint64_t kib = 0;
-    if (fields >> key >> kib && key == "MemAvailable:") return kib * 1024;
+    if (fields >> key >> kib && key == "MemAvailable:") available = kib * 1024;
   }
-  return 0;
+  return std::min(available,
+                  CgroupHeadroom(ReadSmallFile("/sys/fs/cgroup/memory.max"),
+                                 ReadSmallFile("/sys/fs/cgroup/memory.current")));
 }
 
 }  // namespace hostkv

@@ -36,8 +36,15 @@ class MemoryBudget {
   uint64_t budget_bytes() const { return budget_bytes_; }
   uint64_t reserved_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // MemAvailable from /proc/meminfo, in bytes (0 if unreadable).
+  // What this process may still allocate: MemAvailable from /proc/meminfo,
+  // capped by the cgroup (v2) limit minus the cgroup's usage when the daemon
+  // runs in a container with a memory limit. 0 if unreadable.
   static uint64_t SystemAvailableBytes();
+
+  // The cgroup's headroom from the texts of memory.max and memory.current;
+  // UINT64_MAX when there is no limit ("max") or the texts do not parse.
+  static uint64_t CgroupHeadroom(const std::string& max_text,
+                                 const std::string& current_text);
 
  private:
   const uint64_t budget_bytes_;

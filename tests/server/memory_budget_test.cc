@@ -41,6 +41,13 @@ TEST(MemoryBudgetTest, SystemAvailableIsReadable) {
   EXPECT_GT(MemoryBudget::SystemAvailableBytes(), 0u);
 }
 
+TEST(MemoryBudgetTest, CgroupLimitCapsWhatIsAvailable) {
+  EXPECT_EQ(6 * kGiB, MemoryBudget::CgroupHeadroom("8589934592\n", "2147483648\n"));
+  EXPECT_EQ(0u, MemoryBudget::CgroupHeadroom("1000", "2000"));
+  EXPECT_EQ(UINT64_MAX, MemoryBudget::CgroupHeadroom("max\n", "2147483648"));
+  EXPECT_EQ(UINT64_MAX, MemoryBudget::CgroupHeadroom("", ""));
+}
+
 TEST(FormatBytesTest, Units) {
   EXPECT_EQ("512 B", FormatBytes(512));
   EXPECT_EQ("1.50 MiB", FormatBytes(3ull << 19));
