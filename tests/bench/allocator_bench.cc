@@ -217,7 +217,7 @@ void RunAllocator(const Options& options, Report& report) {
 
 void RunDaemonAlloc(const Options& options, Report& report) {
   std::fprintf(stderr, "allocator through the daemon\n");
-  std::unique_ptr<testing::DaemonProcess> daemon = StartDaemon(false);
+  DaemonHandle daemon = StartDaemon(false);
   absl::StatusOr<std::unique_ptr<Client>> c =
       Client::Connect(daemon->target(), "bench-alloc");
   CheckOk(c, "connect");

@@ -2,8 +2,8 @@
 // copy. Every figure is measured beside a baseline in the same run and
 // reported with their ratio, as JSON (bench.json) and Markdown (bench.md).
 //
-//   hostkv_bench [--out=DIR] [--sections=control,allocator,daemon_alloc,
-//                copy,daemon_copy,pool_start] [--quick]
+//   hostkv_bench [--out=DIR] [--sections=control,request_cost,allocator,
+//                daemon_alloc,copy,daemon_copy,pool_start] [--quick]
 //   hostkv_bench --profile=alloc_free [--profile_tcp] [--profile_seconds=10]
 //
 // tests/bench/run.sh builds it (Release) and runs it.
@@ -25,7 +25,8 @@
 ABSL_FLAG(std::string, out, "tests/bench/results",
           "directory for bench.json and bench.md");
 ABSL_FLAG(std::string, sections,
-          "control,allocator,daemon_alloc,copy,daemon_copy,pool_start",
+          "control,request_cost,allocator,daemon_alloc,copy,daemon_copy,"
+          "pool_start",
           "comma-separated sections to run");
 ABSL_FLAG(bool, quick, false, "fewer samples and smaller sizes (smoke run)");
 ABSL_FLAG(int, copy_threads, 0,
@@ -34,6 +35,16 @@ ABSL_FLAG(int, copy_threads, 0,
 ABSL_FLAG(double, pool_start_gib, 4, "pool size of the pool start benchmark");
 ABSL_FLAG(double, throughput_seconds, 0.6,
           "seconds per measured block of the throughput benchmark");
+ABSL_FLAG(std::string, daemon_flags, "",
+          "comma-separated extra flags for every hostkvd started, e.g. "
+          "--copy_threads=1 (an experiment; the default is the daemon's "
+          "defaults)");
+ABSL_FLAG(int, daemon_copy_nice, 0,
+          "experiment: renice the daemon's own threads (copy dispatcher and "
+          "workers; not gRPC's) to this nice value after start; 1000 puts "
+          "them in SCHED_BATCH, 1001 in SCHED_IDLE instead");
+ABSL_FLAG(bool, copy_hugepages, false,
+          "madvise(MADV_HUGEPAGE) the in-process copy buffers (an experiment)");
 ABSL_FLAG(std::string, git_rev, "", "recorded in the results");
 ABSL_FLAG(std::string, profile, "",
           "instead of the benchmarks, loop one workload against a fresh "
@@ -62,6 +73,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using namespace hostkv::bench;
   if (!absl::GetFlag(FLAGS_profile).empty()) {
+    SetDaemonCopyNice(absl::GetFlag(FLAGS_daemon_copy_nice));
+    SetDaemonFlags(absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ',',
+                                  absl::SkipEmpty()));
     return RunProfileLoop(absl::GetFlag(FLAGS_profile),
                           absl::GetFlag(FLAGS_profile_tcp),
                           absl::GetFlag(FLAGS_profile_seconds));
@@ -71,11 +85,16 @@ int main(int argc, char** argv) {
   options.copy_threads = static_cast<unsigned>(absl::GetFlag(FLAGS_copy_threads));
   options.pool_start_gib = absl::GetFlag(FLAGS_pool_start_gib);
   options.throughput_seconds = absl::GetFlag(FLAGS_throughput_seconds);
+  options.copy_hugepages = absl::GetFlag(FLAGS_copy_hugepages);
+  SetDaemonCopyNice(absl::GetFlag(FLAGS_daemon_copy_nice));
+  SetDaemonFlags(absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ',',
+                                absl::SkipEmpty()));
   const std::vector<std::string> list =
       absl::StrSplit(absl::GetFlag(FLAGS_sections), ',', absl::SkipEmpty());
   const std::set<std::string> sections(list.begin(), list.end());
   static const std::set<std::string> known = {
-      "control", "allocator", "daemon_alloc", "copy", "daemon_copy", "pool_start"};
+      "control",     "request_cost", "allocator", "daemon_alloc",
+      "copy",        "daemon_copy",  "pool_start"};
   for (const std::string& s : sections) {
     if (!known.contains(s)) Die("unknown section " + s);
   }
@@ -91,15 +110,25 @@ int main(int argc, char** argv) {
   report.SetMeta("cpu", absl::StrCat(CpuModel(), ", ",
                                      std::thread::hardware_concurrency(),
                                      " hardware threads"));
-  report.SetMeta("build", HOSTKV_BENCH_BUILD_TYPE);
+  report.SetMeta("build", absl::StrCat(HOSTKV_BENCH_BUILD_TYPE, ", ",
+                                       HOSTKV_BENCH_COMPILER));
   if (!absl::GetFlag(FLAGS_git_rev).empty()) {
     report.SetMeta("git", absl::GetFlag(FLAGS_git_rev));
   }
   report.SetMeta("mode", options.quick ? "quick" : "full");
   report.SetMeta("sections", absl::GetFlag(FLAGS_sections));
+  if (!absl::GetFlag(FLAGS_daemon_flags).empty()) {
+    report.SetMeta("daemon flags", absl::GetFlag(FLAGS_daemon_flags));
+  }
+  if (options.copy_hugepages) report.SetMeta("copy buffers", "MADV_HUGEPAGE");
+  if (absl::GetFlag(FLAGS_daemon_copy_nice) != 0) {
+    report.SetMeta("daemon's own threads reniced to",
+                   std::to_string(absl::GetFlag(FLAGS_daemon_copy_nice)));
+  }
 
   const Clock::time_point start = Clock::now();
   if (sections.contains("control")) RunControl(options, report);
+  if (sections.contains("request_cost")) RunRequestCost(options, report);
   if (sections.contains("allocator")) RunAllocator(options, report);
   if (sections.contains("daemon_alloc")) RunDaemonAlloc(options, report);
   if (sections.contains("copy")) RunCopy(options, report);

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 namespace hostkv::bench {
 
 using Clock = std::chrono::steady_clock;
@@ -29,9 +32,12 @@ inline double NanosBetween(Clock::time_point a, Clock::time_point b) {
   std::exit(1);
 }
 
-template <typename S>
-void CheckOk(const S& status, const std::string& what) {
-  if (!status.ok()) Die(what + ": " + std::string(status.ToString()));
+inline void CheckOk(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(what + ": " + status.ToString());
+}
+template <typename T>
+void CheckOk(const absl::StatusOr<T>& result, const std::string& what) {
+  CheckOk(result.status(), what);
 }
 
 // A set of samples (any unit).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "hostkv/v1/hostkv.grpc.pb.h"
 #include "tests/bench/daemon_util.h"
 #include "tests/bench/sections.h"
 
@@ -21,6 +22,16 @@ constexpr uint64_t kMaxLoadPages = 1000;
 struct Sizes {
   int warmup, rounds, per_round;
 };
+
+// The control-path pool: MLA, 1 layer, kv dim 8, fp8, page_first (8 bytes
+// per token, a page's rows contiguous). Its copies are tiny (a 1,000-page
+// load moves 128 KiB in 1,000 memcpys), so the copy a Load starts does not
+// compete for the CPU with the RPC being timed; section 3b shows what a
+// large copy does to the control path.
+v1::PoolSpec CtlSpec() {
+  return MlaSpec("ctl", 1, 4, 4, v1::DTYPE_FP8_E4M3, kCtlPageSize,
+                 v1::LAYOUT_PAGE_FIRST, 8192 * kCtlPageSize);
+}
 
 const Target kAllocFreeTarget = Target::AtMost(1.3, "<= 1.3x");
 const Target kLoadTarget = Target::AtMost(2.0, "<= 2x (1,000-page load)");
@@ -36,6 +47,13 @@ struct ScatteredPages {
 
 ScatteredPages AllocateScattered(Client& client, const std::string& pool) {
   ScatteredPages s;
+  // The contiguous run first: the allocator hands out the lowest free pages,
+  // which after the frees below would be the holes.
+  absl::StatusOr<std::vector<PageRange>> contiguous =
+      client.Alloc(pool, kMaxLoadPages * kCtlPageSize);
+  CheckOk(contiguous, "alloc contiguous");
+  if (contiguous->size() != 1) Die("expected one contiguous run");
+  s.contiguous_host = *contiguous;
   absl::StatusOr<std::vector<PageRange>> all =
       client.Alloc(pool, 2 * kMaxLoadPages * kCtlPageSize);
   CheckOk(all, "alloc for loads");
@@ -48,16 +66,12 @@ ScatteredPages AllocateScattered(Client& client, const std::string& pool) {
     s.device.push_back({2 * i * kCtlPageSize, kCtlPageSize});
   }
   CheckOk(client.Free(pool, odd), "free odd pages");
-  absl::StatusOr<std::vector<PageRange>> contiguous =
-      client.Alloc(pool, kMaxLoadPages * kCtlPageSize);
-  CheckOk(contiguous, "alloc contiguous");
-  if (contiguous->size() != 1) Die("expected one contiguous run");
-  s.contiguous_host = *contiguous;
   return s;
 }
 
-void RunLatency(const std::string& transport, const Options& options,
-                Client& client, HealthCaller& health, Report& report) {
+void RunLatency(const std::string& transport, const std::string& target,
+                const Options& options, Client& client, HealthCaller& health,
+                Report& report) {
   const Sizes fast = options.quick ? Sizes{20, 4, 50} : Sizes{100, 10, 100};
   const Sizes slow = options.quick ? Sizes{10, 4, 25} : Sizes{50, 10, 60};
   const std::string pool = "ctl";
@@ -76,6 +90,45 @@ void RunLatency(const std::string& transport, const Options& options,
     AddLatencyRows(report, kSection, "Health/Check with a 60 s deadline",
                    transport, op, b, "health check", Target::None(),
                    Target::None(), "what the deadline alone costs");
+  }
+
+  // Where the time goes: hostkv.v1 calls through a bare generated stub (no
+  // client library, no deadline) on the same connection. RenewSession is a
+  // no-op handler (a session lookup): the daemon's synchronous gRPC path
+  // alone.
+  {
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), ClientChannelArgs());
+    std::unique_ptr<v1::HostKV::Stub> stub = v1::HostKV::NewStub(channel);
+    v1::RenewSessionRequest renew;
+    renew.set_session_id(client.session_id());
+    Samples op, b;
+    Interleave(fast.warmup, fast.rounds, fast.per_round, Timed([&] {
+      grpc::ClientContext context;
+      v1::RenewSessionResponse response;
+      if (!stub->RenewSession(&context, renew, &response).ok()) Die("renew");
+    }), base, &op, &b);
+    AddLatencyRows(report, kSection, "RenewSession via a bare stub", transport,
+                   op, b, "health check", Target::None(), Target::None(),
+                   "no-op handler: the daemon's sync gRPC path");
+    v1::AllocRequest alloc;
+    alloc.set_session_id(client.session_id());
+    alloc.set_pool(pool);
+    alloc.set_num_tokens(kCtlPageSize);
+    Samples op2, b2;
+    Interleave(fast.warmup, fast.rounds, fast.per_round, [&] {
+      grpc::ClientContext context;
+      v1::AllocResponse response;
+      const Clock::time_point t0 = Clock::now();
+      const grpc::Status s = stub->Alloc(&context, alloc, &response);
+      const double ns = NanosBetween(t0, Clock::now());
+      if (!s.ok()) Die("raw alloc: " + s.error_message());
+      CheckOk(client.Free(pool, {{response.pages(0).first_page(), 1}}), "free");
+      return ns;
+    }, base, &op2, &b2);
+    AddLatencyRows(report, kSection, "Alloc (1 page) via a bare stub",
+                   transport, op2, b2, "health check", Target::None(),
+                   Target::None(), "no client library, no deadline");
   }
 
   // Alloc and Free of one page, each timed alone, and the pair.
@@ -302,30 +355,24 @@ void RunControl(const Options& options, Report& report) {
   for (const bool tcp : {false, true}) {
     const std::string transport = tcp ? "tcp loopback" : "unix socket";
     std::fprintf(stderr, "control path over %s\n", transport.c_str());
-    std::unique_ptr<testing::DaemonProcess> daemon = StartDaemon(tcp);
+    DaemonHandle daemon = StartDaemon(tcp);
     absl::StatusOr<std::unique_ptr<Client>> client =
         Client::Connect(daemon->target(), "bench-control");
     CheckOk(client, "connect");
-    CheckOk((*client)->CreatePool(MhaSpec("ctl", 4, 1, 16, v1::DTYPE_BF16,
-                                          kCtlPageSize, v1::LAYOUT_PAGE_FIRST,
-                                          8192 * kCtlPageSize)),
-            "create pool ctl");
+    CheckOk((*client)->CreatePool(CtlSpec()), "create pool ctl");
     HealthCaller health(daemon->target());
-    RunLatency(transport, options, **client, health, report);
+    RunLatency(transport, daemon->target(), options, **client, health, report);
     RunThroughput(transport, daemon->target(), options, report);
   }
 }
 
 int RunProfileLoop(const std::string& what, bool tcp, double seconds) {
-  std::unique_ptr<testing::DaemonProcess> daemon = StartDaemon(tcp);
+  DaemonHandle daemon = StartDaemon(tcp);
   absl::StatusOr<std::unique_ptr<Client>> c =
       Client::Connect(daemon->target(), "bench-profile");
   CheckOk(c, "connect");
   Client& client = **c;
-  CheckOk(client.CreatePool(MhaSpec("ctl", 4, 1, 16, v1::DTYPE_BF16,
-                                    kCtlPageSize, v1::LAYOUT_PAGE_FIRST,
-                                    8192 * kCtlPageSize)),
-          "create pool");
+  CheckOk(client.CreatePool(CtlSpec()), "create pool");
   HealthCaller health(daemon->target());
   absl::StatusOr<v1::Pool> ctl = client.GetPool("ctl");
   CheckOk(ctl, "get pool");

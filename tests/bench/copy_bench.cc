@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -34,10 +36,11 @@ const Target kCopyTarget =
 // Anonymous memory, faulted in.
 class Buffer {
  public:
-  explicit Buffer(uint64_t bytes) : bytes_(bytes) {
+  explicit Buffer(uint64_t bytes, bool huge = false) : bytes_(bytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) Die(absl::StrCat("mmap of ", bytes, " bytes failed"));
+    if (huge && madvise(p, bytes, MADV_HUGEPAGE) != 0) Die("MADV_HUGEPAGE");
     data_ = static_cast<uint8_t*>(p);
     Touch(data_, bytes_, 7);
   }
@@ -142,50 +145,74 @@ struct CopyFigures {
   Samples load_layer, backup_all, base_layer, base_all;  // GB/s per repetition
 };
 
-void MeasureConfig(const Config& c, uint8_t* host, uint8_t* device,
-                   WorkerPool& workers, int reps, std::mt19937_64& rng,
-                   CopyFigures* out) {
-  const PoolGeometry g = Geometry(c, HostSlots(c.page_size));
-  const std::vector<LayerBuffers> layers = DeviceLayers(device, g);
-  const Scatter scatter = MakeScatter(c.page_size, rng);
-  CopyTask load;
-  load.geometry = g;
-  load.host_base = host;
-  load.layers = layers.data();
-  load.runs = Runs(scatter, c.page_size);
-  load.IndexRuns();
-  load.direction = CopyDirection::kHostToDevice;
-  load.mechanism = c.mechanism;
-  CopyTask backup = load;
-  backup.direction = CopyDirection::kDeviceToHost;
-  const CpuCopyEngine engine(&workers);
-  const uint64_t layer_bytes = kTokens * g.kv_planes() * g.token_stride();
-  const uint64_t all_bytes = layer_bytes * kLayers;
-  for (int rep = 0; rep < reps; ++rep) {
+// One configuration's transfer, built once; Measure() adds one repetition.
+class ConfigBench {
+ public:
+  ConfigBench(const Config& c, uint8_t* host, uint8_t* device,
+              std::mt19937_64& rng)
+      : host_(host), device_(device) {
+    const PoolGeometry g = Geometry(c, HostSlots(c.page_size));
+    layers_ = DeviceLayers(device, g);
+    load_.geometry = g;
+    load_.host_base = host;
+    load_.layers = layers_.data();
+    load_.runs = Runs(MakeScatter(c.page_size, rng), c.page_size);
+    load_.IndexRuns();
+    load_.direction = CopyDirection::kHostToDevice;
+    load_.mechanism = c.mechanism;
+    backup_ = load_;
+    backup_.direction = CopyDirection::kDeviceToHost;
+    layer_bytes_ = kTokens * g.kv_planes() * g.token_stride();
+  }
+
+  void Measure(WorkerPool& workers, CopyFigures* out) const {
+    const CpuCopyEngine engine(&workers);
+    const uint64_t all_bytes = layer_bytes_ * kLayers;
     double load_ns = 0;
     for (uint32_t l = 0; l < kLayers; ++l) {
       const Clock::time_point t0 = Clock::now();
-      engine.CopyLayer(load, l);
+      engine.CopyLayer(load_, l);
       load_ns += NanosBetween(t0, Clock::now());
     }
     out->load_layer.Add(static_cast<double>(all_bytes) / load_ns);
     double base_ns = 0;
     for (uint32_t l = 0; l < kLayers; ++l) {
       const Clock::time_point t0 = Clock::now();
-      ParallelMemcpy(workers, device + l * layer_bytes, host + l * layer_bytes,
-                     layer_bytes);
+      ParallelMemcpy(workers, device_ + l * layer_bytes_,
+                     host_ + l * layer_bytes_, layer_bytes_);
       base_ns += NanosBetween(t0, Clock::now());
     }
     out->base_layer.Add(static_cast<double>(all_bytes) / base_ns);
     Clock::time_point t0 = Clock::now();
-    for (uint32_t l = 0; l < kLayers; ++l) engine.CopyLayer(backup, l);
+    for (uint32_t l = 0; l < kLayers; ++l) engine.CopyLayer(backup_, l);
     out->backup_all.Add(static_cast<double>(all_bytes) /
                         NanosBetween(t0, Clock::now()));
     t0 = Clock::now();
-    ParallelMemcpy(workers, host, device, all_bytes);
+    ParallelMemcpy(workers, host_, device_, all_bytes);
     out->base_all.Add(static_cast<double>(all_bytes) /
                       NanosBetween(t0, Clock::now()));
   }
+
+ private:
+  uint8_t* host_;
+  uint8_t* device_;
+  std::vector<LayerBuffers> layers_;
+  CopyTask load_, backup_;
+  uint64_t layer_bytes_ = 0;
+};
+
+// Minor page faults of process `pid` so far (field 10 of /proc/PID/stat).
+uint64_t MinorFaults(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(in, line);
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 10 && rest >> field; ++i) {
+  }
+  return std::strtoull(field.c_str(), nullptr, 10);
 }
 
 unsigned Threads(const Options& options) {
@@ -203,9 +230,11 @@ void RunCopy(const Options& options, Report& report) {
   std::mt19937_64 rng(7);
   // The largest pool (MHA, page size 64) and device buffers, shared by all.
   Buffer host(Geometry({false, HostLayout::kLayerFirst, 64, CopyMechanism::kDirect},
-                       HostSlots(64)).total_bytes());
-  Buffer device(uint64_t{kLayers} * 2 * kDeviceSlots * 8 * 128 * 2);
-  const int reps = options.quick ? 1 : 3;
+                       HostSlots(64)).total_bytes(),
+              options.copy_hugepages);
+  Buffer device(uint64_t{kLayers} * 2 * kDeviceSlots * 8 * 128 * 2,
+                options.copy_hugepages);
+  const int reps = options.quick ? 1 : 5;
   const HostLayout mha_layouts[] = {HostLayout::kLayerFirst, HostLayout::kPageFirst,
                                     HostLayout::kPageFirstDirect,
                                     HostLayout::kPageHead};
@@ -224,9 +253,21 @@ void RunCopy(const Options& options, Report& report) {
       }
     }
   }
+  // Repetitions are the outer loop, so that a burst of outside load hits one
+  // repetition of many configurations rather than every repetition of one.
+  std::vector<ConfigBench> benches;
   for (const Config& c : configs) {
-    CopyFigures f;
-    MeasureConfig(c, host.data(), device.data(), workers, reps, rng, &f);
+    benches.emplace_back(c, host.data(), device.data(), rng);
+  }
+  std::vector<CopyFigures> figures(configs.size());
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      benches[i].Measure(workers, &figures[i]);
+    }
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    const CopyFigures& f = figures[i];
     const Target target = c.page_size >= 16 ? kCopyTarget : Target::None();
     for (bool load : {true, false}) {
       Row row;
@@ -242,7 +283,8 @@ void RunCopy(const Options& options, Report& report) {
       row.baseline_value = (load ? f.base_layer : f.base_all).Median();
       row.target = target;
       row.note = absl::StrCat(kTokens, " tokens, ",
-                              load ? "one layer per call" : "32 layers");
+                              load ? "one layer per call" : "32 layers",
+                              "; median of ", reps);
       report.Add(row);
     }
   }
@@ -250,13 +292,14 @@ void RunCopy(const Options& options, Report& report) {
 
 void RunDaemonCopy(const Options& options, Report& report) {
   std::fprintf(stderr, "copy through the daemon\n");
-  std::unique_ptr<testing::DaemonProcess> daemon = StartDaemon(false);
+  DaemonHandle daemon = StartDaemon(false);
   absl::StatusOr<std::unique_ptr<Client>> c =
       Client::Connect(daemon->target(), "bench-copy");
   CheckOk(c, "connect");
   Client& client = **c;
   // The daemon copies with one thread per core; so does the baseline.
   WorkerPool workers(std::max(1u, std::thread::hardware_concurrency()));
+  HealthCaller health(daemon->target());
   std::mt19937_64 rng(11);
   const int reps = options.quick ? 2 : 7;
   struct DaemonConfig {
@@ -333,11 +376,14 @@ void RunDaemonCopy(const Options& options, Report& report) {
     backup.direction = CopyDirection::kDeviceToHost;
     const CpuCopyEngine engine(&workers);
 
-    Samples first, last, back, base_first, base_last, base_back;
+    Samples rpc, first, last, back, base_first, base_last, base_back, idle_rpc;
+    Samples faults;  // the daemon's minor page faults per load + backup
     for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up
+      const uint64_t faults0 = MinorFaults(daemon->pid());
       Clock::time_point t0 = Clock::now();
       absl::StatusOr<Operation> op =
           client.Load(name, *import, host_pages, device_slots, topt);
+      const double rpc_ns = NanosBetween(t0, Clock::now());
       CheckOk(op, "load");
       CheckOk(client.WaitLayer(*op, 0), "wait layer 0");
       const double first_ns = NanosBetween(t0, Clock::now());
@@ -348,6 +394,7 @@ void RunDaemonCopy(const Options& options, Report& report) {
       CheckOk(op, "backup");
       CheckOk(client.Wait(*op), "wait backup");
       const double back_ns = NanosBetween(t0, Clock::now());
+      const uint64_t op_faults = MinorFaults(daemon->pid()) - faults0;
 
       t0 = Clock::now();
       engine.CopyLayer(load, 0);
@@ -357,7 +404,15 @@ void RunDaemonCopy(const Options& options, Report& report) {
       t0 = Clock::now();
       for (uint32_t l = 0; l < kLayers; ++l) engine.CopyLayer(backup, l);
       const double base_back_ns = NanosBetween(t0, Clock::now());
+      // The same daemon's round trip while no copy runs.
+      for (int i = 0; i < 10; ++i) {
+        const Clock::time_point h0 = Clock::now();
+        health.Check();
+        if (rep >= 0) idle_rpc.Add(NanosBetween(h0, Clock::now()));
+      }
       if (rep < 0) continue;
+      faults.Add(static_cast<double>(op_faults));
+      rpc.Add(rpc_ns);
       first.Add(first_ns);
       last.Add(last_ns);
       back.Add(back_ns);
@@ -372,6 +427,8 @@ void RunDaemonCopy(const Options& options, Report& report) {
       const char* baseline;
     };
     const Out outs[] = {
+        {"Load call returned, its copy already running", &rpc, &idle_rpc,
+         "health check, no copy running"},
         {"Load -> first layer seen (WaitLayer(0))", &first, &base_first,
          "in-process CopyLayer(0)"},
         {"Load -> last layer seen (WaitLayer(31))", &last, &base_last,
@@ -388,9 +445,12 @@ void RunDaemonCopy(const Options& options, Report& report) {
       row.metric = "median latency";
       row.unit = "ms";
       row.value = o.value->Median() / 1e6;
-      row.baseline = absl::StrCat(o.baseline, ", same threads");
+      row.baseline = o.value == &rpc ? std::string(o.baseline)
+                                     : absl::StrCat(o.baseline, ", same threads");
       row.baseline_value = o.base->Median() / 1e6;
-      row.note = absl::StrCat(bytes >> 20, " MiB in all, n=", o.value->size());
+      row.note = absl::StrCat(bytes >> 20, " MiB in all, n=", o.value->size(),
+                              "; daemon page faults per load+backup: ",
+                              Num(faults.Median()));
       report.Add(row);
     }
     CheckOk(client.Free(name, host_pages), "free");

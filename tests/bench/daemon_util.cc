@@ -1,12 +1,19 @@
 #include "tests/bench/daemon_util.h"
 
+#include <dirent.h>
+#include <sched.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "tests/bench/sections.h"
 
 namespace hostkv::bench {
@@ -56,6 +63,7 @@ DeviceBuffers MakeDeviceBuffers(const v1::Pool& pool, uint64_t token_slots) {
       ShmDeviceBuffer::Create(d.buffer_bytes * layers * d.planes);
   CheckOk(shm, "creating device buffers");
   d.shm = std::make_unique<ShmDeviceBuffer>(std::move(*shm));
+  TrackSegment(d.shm->name(), true);
   // Fault the pages in here, so that no copy pays for it.
   Touch(d.shm->data(), d.shm->size(), 1);
   for (uint32_t l = 0; l < layers; ++l) {
@@ -165,9 +173,108 @@ int FreeTcpPort() {
   return port;
 }
 
+std::vector<std::string>& DaemonFlags() {
+  static std::vector<std::string> flags;
+  return flags;
+}
+
+constexpr int kSchedBatch = 1000;
+constexpr int kSchedIdle = 1001;
+
+int& DaemonCopyNice() {
+  static int nice = 0;
+  return nice;
+}
+
+// Sets the nice value of every thread of `pid` still named "hostkvd": the
+// daemon's own threads (the copy dispatcher and workers, the session
+// monitor, the main thread), not gRPC's ("grpcpp_sync_ser", ...).
+void ReniceOwnThreads(pid_t pid, int nice) {
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(dir + "/" + e->d_name + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name == "hostkvd") {
+      const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (nice == kSchedBatch || nice == kSchedIdle) {
+        // SCHED_BATCH: a woken copy thread does not preempt the thread that
+        // woke it (the gRPC handler); SCHED_IDLE: runs only on idle CPUs.
+        sched_param param{};
+        sched_setscheduler(tid, nice == kSchedBatch ? SCHED_BATCH : SCHED_IDLE,
+                           &param);
+      } else {
+        setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice);
+      }
+    }
+  }
+  closedir(d);
+}
+
 }  // namespace
 
-std::unique_ptr<testing::DaemonProcess> StartDaemon(bool tcp) {
+void SetDaemonFlags(std::vector<std::string> flags) {
+  DaemonFlags() = std::move(flags);
+}
+
+void SetDaemonCopyNice(int nice) { DaemonCopyNice() = nice; }
+
+namespace {
+
+absl::Mutex live_mu;
+std::vector<pid_t>& LiveDaemons() {
+  static auto* pids = new std::vector<pid_t>;
+  return *pids;
+}
+std::vector<std::string>& LiveSegments() {
+  static auto* names = new std::vector<std::string>;
+  return *names;
+}
+
+// At exit (Die() exits without unwinding): SIGTERM the daemons still
+// running, which remove their segments, and unlink our device buffers.
+void CleanUpAtExit() {
+  absl::MutexLock lock(&live_mu);
+  for (pid_t pid : LiveDaemons()) kill(pid, SIGTERM);
+  for (const std::string& name : LiveSegments()) shm_unlink(name.c_str());
+}
+
+void Track(pid_t pid) {
+  static const bool registered = [] { return std::atexit(CleanUpAtExit) == 0; }();
+  (void)registered;
+  absl::MutexLock lock(&live_mu);
+  LiveDaemons().push_back(pid);
+}
+
+void Untrack(pid_t pid) {
+  absl::MutexLock lock(&live_mu);
+  std::erase(LiveDaemons(), pid);
+}
+
+}  // namespace
+
+void TrackSegment(const std::string& name, bool live) {
+  absl::MutexLock lock(&live_mu);
+  if (live) {
+    LiveSegments().push_back(name);
+  } else {
+    std::erase(LiveSegments(), name);
+  }
+}
+
+void DaemonStopper::operator()(testing::DaemonProcess* daemon) const {
+  const pid_t pid = daemon->pid();
+  if (daemon->Stop(SIGTERM, 15000) == -1) {
+    std::fprintf(stderr, "hostkvd %d did not stop on SIGTERM; killing it\n", pid);
+  }
+  Untrack(pid);
+  delete daemon;  // SIGKILLs it if it is still running
+}
+
+DaemonHandle StartDaemon(bool tcp) {
   // DaemonProcess passes --log_level=debug; the last flag wins, and info is
   // the daemon's production default.
   std::vector<std::string> args = {"--log_level=info"};
@@ -178,8 +285,11 @@ std::unique_ptr<testing::DaemonProcess> StartDaemon(bool tcp) {
     // then needs this flag.
     args.push_back("--allow_unverified_shm_names");
   }
-  auto daemon = std::make_unique<testing::DaemonProcess>(args, listen);
+  args.insert(args.end(), DaemonFlags().begin(), DaemonFlags().end());
+  DaemonHandle daemon(new testing::DaemonProcess(args, listen));
   if (!daemon->started()) Die("hostkvd did not start:\n" + daemon->log());
+  Track(daemon->pid());
+  if (DaemonCopyNice() != 0) ReniceOwnThreads(daemon->pid(), DaemonCopyNice());
   return daemon;
 }
 

@@ -28,9 +28,18 @@ v1::PoolSpec MlaSpec(const std::string& name, uint32_t layers,
                      uint32_t page_size, v1::Layout layout,
                      uint64_t capacity_tokens);
 
+// Shared-memory names to unlink should the benchmark die (live = true), or
+// no longer (false).
+void TrackSegment(const std::string& name, bool live);
+
 // One shared-memory segment holding every layer's K and V (or latent)
 // buffer of `token_slots` rows, laid out [layer][plane].
 struct DeviceBuffers {
+  DeviceBuffers() = default;
+  DeviceBuffers(DeviceBuffers&&) = default;
+  ~DeviceBuffers() {
+    if (shm != nullptr) TrackSegment(shm->name(), false);
+  }
   std::unique_ptr<ShmDeviceBuffer> shm;
   std::vector<v1::DeviceBuffer> k, v;
   uint64_t token_slots = 0;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tests/bench/bench_util.h"
 #include "tests/testing/daemon_process.h"
@@ -20,13 +21,31 @@ struct Options {
   double pool_start_gib = 4;
   // Seconds per measured block of the throughput benchmark.
   double throughput_seconds = 0.6;
+  // madvise(MADV_HUGEPAGE) the in-process copy buffers (an experiment).
+  bool copy_hugepages = false;
 };
 
+// Extra flags for every hostkvd the benchmarks start (--daemon_flags).
+void SetDaemonFlags(std::vector<std::string> flags);
+// Experiment: nice value for the daemon's own (non-gRPC) threads, which
+// include the copy threads (--daemon_copy_nice); 0 leaves them alone.
+void SetDaemonCopyNice(int nice);
+
+// Stops the daemon with SIGTERM, so that it removes its pool segments
+// (DaemonProcess alone SIGKILLs it, which leaves them in /dev/shm).
+struct DaemonStopper {
+  void operator()(testing::DaemonProcess* daemon) const;
+};
+using DaemonHandle = std::unique_ptr<testing::DaemonProcess, DaemonStopper>;
+
 // The real hostkvd, as a child process, on a Unix socket or TCP loopback.
-std::unique_ptr<testing::DaemonProcess> StartDaemon(bool tcp);
+// Should the benchmark die, the daemons still running get SIGTERM at exit.
+DaemonHandle StartDaemon(bool tcp);
 
 // Section 1: control-path latency (unix and tcp) and throughput.
 void RunControl(const Options& options, Report& report);
+// Section 1c: in-process cost of encoding and decoding a large Load request.
+void RunRequestCost(const Options& options, Report& report);
 // Section 2: in-process SlotAllocator; 2b: allocator through the daemon.
 void RunAllocator(const Options& options, Report& report);
 void RunDaemonAlloc(const Options& options, Report& report);
