@@ -67,10 +67,15 @@ Child Spawn(const std::vector<std::string>& args) {
   return child;
 }
 
+// Waits for the child; a killed child's device segments
+// (ShmDeviceBuffer: /hostkv-dev.<pid>.*) are removed for it.
 int Reap(Child& child) {
   int status = 0;
   waitpid(child.pid, &status, 0);
   fclose(child.out);
+  if (WIFSIGNALED(status)) {
+    std::system(absl::StrCat("rm -f /dev/shm/hostkv-dev.", child.pid, ".*").c_str());
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -180,7 +180,10 @@ class Harness {
     small_device_ = std::move(*small);
   }
 
-  ~Harness() { Quiesce(); }
+  ~Harness() {
+    Quiesce();
+    if (std::getenv("HOSTKV_FUZZ_STATS") != nullptr) PrintStats();
+  }
 
   void RunOne(const uint8_t* data, size_t size) {
     Reset();
@@ -205,7 +208,16 @@ class Harness {
   };
 
   void Step() {
-    switch (fdp_->ConsumeIntegral<uint8_t>() % kOpCount) {
+    const int op = fdp_->ConsumeIntegral<uint8_t>() % kOpCount;
+    last_ok_ = false;
+    Dispatch(op);
+    ++calls_[op][last_ok_ ? 1 : 0];
+  }
+
+  void Note(bool ok) { last_ok_ = ok; }
+
+  void Dispatch(int op) {
+    switch (op) {
       case kAlloc: return DoAlloc();
       case kFree: return DoFree();
       case kLoad: return DoTransfer(/*load=*/true);
@@ -223,16 +235,33 @@ class Harness {
       case kGetPool: {
         v1::GetPoolRequest r;
         r.set_name(PickPoolName());
-        (void)handler_.GetPool(r);
+        Note(handler_.GetPool(r).ok());
         return;
       }
       case kListPools: {
         auto r = handler_.ListPools(v1::ListPoolsRequest());
+        Note(r.ok());
         FUZZ_CHECK(r.ok() && r->pools_size() == static_cast<int>(pools_.List().size()));
         return;
       }
       case kRoundTrip: return DoRoundTrip();
       default: return;
+    }
+  }
+
+  // With HOSTKV_FUZZ_STATS set: how often each request ran and succeeded
+  // (to see whether inputs reach the interesting paths).
+  void PrintStats() const {
+    static const char* const kNames[] = {
+        "Alloc", "Free", "Load", "Backup", "ReadPages", "WritePages",
+        "GetPageBufferMeta", "RegisterDeviceBuffers", "UnregisterDeviceBuffers",
+        "CreatePool", "DeletePool", "OpenSession", "CloseSession",
+        "GetPoolStats", "GetPool", "ListPools", "RoundTrip"};
+    static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
+    std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
+    for (int op = 0; op < kOpCount; ++op) {
+      std::fprintf(stderr, "%-24s %10" PRIu64 " %10" PRIu64 "\n", kNames[op],
+                   calls_[op][0] + calls_[op][1], calls_[op][1]);
     }
   }
 
@@ -259,6 +288,7 @@ class Harness {
       v1::DeletePoolRequest r;
       r.set_name(pool->name());
       auto s = handler_.DeletePool(r);
+      Note(s.ok());
       FUZZ_CHECK(s.ok(), "reset: delete pool ", pool->name(), ": ",
                  s.status().ToString());
     }
@@ -267,12 +297,14 @@ class Harness {
       v1::CreatePoolRequest r;
       *r.mutable_spec() = BaseSpec(i);
       auto s = handler_.CreatePool(r);
+      Note(s.ok());
       FUZZ_CHECK(s.ok(), "reset: create base pool: ", s.status().ToString());
     }
     for (int i = 0; i < 2; ++i) {
       v1::OpenSessionRequest r;
       r.set_client_name(i == 0 ? "alice" : "bob");
       auto s = handler_.OpenSession(r);
+      Note(s.ok());
       FUZZ_CHECK(s.ok(), "reset: open session: ", s.status().ToString());
       AddLive(s->session_id());
     }
@@ -308,6 +340,7 @@ class Harness {
     v1::CloseSessionRequest r;
     r.set_session_id(m.id);
     auto s = handler_.CloseSession(r);
+    Note(s.ok());
     if (!s.ok()) {
       FUZZ_CHECK(!expect_ok, "close session: ", s.status().ToString());
       return;
@@ -530,6 +563,7 @@ class Harness {
                        fdp_->ConsumeIntegralInRange<uint64_t>(1, std::min<uint64_t>(free_pages + 1, 64)));
     }
     auto s = handler_.Alloc(r);
+    Note(s.ok());
     SessionModel* m = FindLive(r.session_id());
     const bool valid = m != nullptr && pool != nullptr && r.num_tokens() != 0 &&
                        r.num_tokens() % page_size == 0;
@@ -570,6 +604,7 @@ class Harness {
     const bool distinct = pool && DistinctPages(runs, num_pages, &pages);
     const bool owned = distinct && AllOwned(m, r.pool(), pages);
     auto s = handler_.Free(r);
+    Note(s.ok());
     if (!s.ok()) {
       FUZZ_CHECK(!(owned && outstanding_ == 0), "Free of owned idle pages refused: ",
                  s.status().ToString(), " request ", r.ShortDebugString());
@@ -674,6 +709,7 @@ class Harness {
     v1::TransferRequest r;
     BuildTransfer(&r);
     auto s = load ? handler_.Load(r) : handler_.Backup(r);
+    Note(s.ok());
     if (!s.ok()) return;
     const SessionModel* m = FindLive(r.session_id());
     FUZZ_CHECK(m != nullptr, "transfer for a closed session accepted");
@@ -696,6 +732,7 @@ class Harness {
     SetRuns(PickPageRuns(m, r.pool(), pool ? pool->allocator().num_pages() : 100),
             r.mutable_pages());
     auto s = handler_.ReadPages(r);
+    Note(s.ok());
     if (!s.ok()) return;
     FUZZ_CHECK(pool != nullptr && m != nullptr);
     uint64_t pages = 0;
@@ -737,6 +774,7 @@ class Harness {
     for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<char>(seed + i * 131 + (i >> 8));
     r.set_data(data);
     auto s = handler_.WritePages(r);
+    Note(s.ok());
     if (!s.ok()) return;
     FUZZ_CHECK(pool != nullptr && m != nullptr && want == size && want != 0 &&
                    AllOwned(m, r.pool(), pages) && want <= kMaxPageIoBytes,
@@ -761,6 +799,7 @@ class Harness {
     SetRuns(PickPageRuns(m, r.pool(), pool ? pool->allocator().num_pages() : 100),
             r.mutable_pages());
     auto s = handler_.GetPageBufferMeta(r);
+    Note(s.ok());
     if (!s.ok()) return;
     FUZZ_CHECK(pool != nullptr);
     const PoolGeometry& g = pool->geometry();
@@ -791,6 +830,7 @@ class Harness {
     BuildRegistration(*pool, token_slots, base, &r, &model);
     r.set_session_id(live_[live_index].id);
     auto s = handler_.RegisterDeviceBuffers(r);
+    Note(s.ok());
     if (s.ok()) {
       model.id = s->import_id();
       live_[live_index].imports.push_back(std::move(model));
@@ -897,6 +937,7 @@ class Harness {
     if (mangles != 0) clean = false;
     SessionModel* m = FindLive(session_id);
     auto s = handler_.RegisterDeviceBuffers(r);
+    Note(s.ok());
     if (!s.ok()) {
       FUZZ_CHECK(!(clean && m != nullptr), "a well-formed registration was refused: ",
                  s.status().ToString());
@@ -935,6 +976,7 @@ class Harness {
       r.set_import_id(PickU64(4));
     }
     auto s = handler_.UnregisterDeviceBuffers(r);
+    Note(s.ok());
     bool known = false;
     if (m != nullptr) {
       for (size_t i = 0; i < m->imports.size(); ++i) {
@@ -991,6 +1033,7 @@ class Harness {
       r.set_attach_if_exists(OneIn(2));
     }
     auto s = handler_.CreatePool(r);
+    Note(s.ok());
     if (!s.ok()) return;
     auto pool = FindPool(spec.name());
     FUZZ_CHECK(pool != nullptr, "created pool ", spec.name(), " not found");
@@ -1012,6 +1055,7 @@ class Harness {
     }
     const bool engine_idle = transfers_.queued() == 0;
     auto s = handler_.DeletePool(r);
+    Note(s.ok());
     if (s.ok()) {
       FUZZ_CHECK(existed && !in_use, "DeletePool of ", r.name(), " in use accepted");
       for (SessionModel& m : live_) m.pages.erase(r.name());
@@ -1030,6 +1074,7 @@ class Harness {
       CloseLive(0, /*expect_ok=*/true);
     }
     auto s = handler_.OpenSession(r);
+    Note(s.ok());
     FUZZ_CHECK(s.ok() == (r.client_name().size() <= 256), "OpenSession: ",
                s.status().ToString());
     if (!s.ok()) return;
@@ -1056,6 +1101,7 @@ class Harness {
     v1::GetPoolStatsRequest r;
     if (!OneIn(3)) r.set_pool(PickPoolName());
     auto s = handler_.GetPoolStats(r);
+    Note(s.ok());
     if (!s.ok()) return;
     FUZZ_CHECK(s->open_sessions() == live_.size());
     FUZZ_CHECK(s->memory_reserved_bytes() <= kBudgetBytes);
@@ -1175,6 +1221,7 @@ class Harness {
     }
     r.set_mechanism(static_cast<v1::CopyMechanism>(fdp_->ConsumeIntegralInRange<int>(0, 2)));
     auto load = handler_.Load(r);
+    Note(load.ok());
     FUZZ_CHECK(load.ok(), "round trip load: ", load.status().ToString());
     AfterTransfer(m.id, /*allow_running=*/false);
     size_t at = 0;
@@ -1203,6 +1250,8 @@ class Harness {
   std::vector<SessionModel> live_;
   std::vector<uint64_t> closed_ids_;
   int outstanding_ = 0;  // transfers accepted and not waited for
+  bool last_ok_ = false;
+  uint64_t calls_[kOpCount][2] = {};  // [op][succeeded]
 };
 
 Harness* harness = nullptr;

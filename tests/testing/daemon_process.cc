@@ -101,7 +101,8 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args,
 }
 
 DaemonProcess::~DaemonProcess() {
-  if (pid_ > 0) {
+  // SIGTERM first, so that the daemon removes its segments from /dev/shm.
+  if (pid_ > 0 && Stop(SIGTERM, 10000) == -1) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }

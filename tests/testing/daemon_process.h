@@ -18,7 +18,7 @@ class DaemonProcess {
   // did.
   explicit DaemonProcess(std::vector<std::string> extra_args = {},
                          std::string listen = "");
-  ~DaemonProcess();  // SIGKILLs the daemon if it is still running
+  ~DaemonProcess();  // SIGTERM (then SIGKILL) if the daemon still runs
 
   bool started() const { return started_; }
   pid_t pid() const { return pid_; }
