@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -34,6 +33,7 @@
 #include "server/daemon_metrics.h"
 #include "server/flag_sources.h"
 #include "server/grpc_service.h"
+#include "server/health_service.h"
 #include "server/instance_lock.h"
 #include "server/logging.h"
 #include "server/memory_budget.h"
@@ -216,6 +216,7 @@ struct Daemon {
   std::unique_ptr<TransferEngine> transfers;
   std::unique_ptr<RequestHandler> handler;
   std::unique_ptr<GrpcService> service;
+  std::unique_ptr<HealthService> health;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<SessionMonitor> monitor;
   std::shared_ptr<StateCollector> collector;
@@ -260,7 +261,7 @@ absl::Status StartMetrics(Daemon& d) {
 absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   d.service = std::make_unique<GrpcService>(d.handler.get(), o.auth_token,
                                             d.metrics.get());
-  grpc::EnableDefaultHealthCheckService(true);
+  d.health = std::make_unique<HealthService>();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials());
@@ -269,6 +270,7 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
   builder.RegisterService(d.service.get());
+  builder.RegisterService(d.health.get());
   d.server = builder.BuildAndStart();
   if (d.server == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -295,15 +297,15 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
 // Health: "" and "hostkv.v1.HostKV" for the daemon, "hostkv.pool.<name>"
 // for each pool (SERVING once it is ready to use).
 void PublishHealth(Daemon& d) {
-  grpc::HealthCheckServiceInterface* health = d.server->GetHealthCheckService();
+  HealthService* health = d.health.get();
   d.pools->SetObserver([health](const std::string& pool, bool exists) {
-    health->SetServingStatus("hostkv.pool." + pool, exists);
+    health->SetServing("hostkv.pool." + pool, exists);
   });
   for (const auto& pool : d.pools->List()) {
-    health->SetServingStatus("hostkv.pool." + pool->name(), true);
+    health->SetServing("hostkv.pool." + pool->name(), true);
   }
-  health->SetServingStatus("hostkv.v1.HostKV", true);
-  health->SetServingStatus(true);
+  health->SetServing("hostkv.v1.HostKV", true);
+  health->SetServing("", true);
 }
 
 // Waits for SIGINT/SIGTERM (blocked in main before any thread started), then
@@ -323,7 +325,7 @@ void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
     spdlog::warn("second signal {}: exiting now", again);
     std::_Exit(1);
   }).detach();
-  d.server->GetHealthCheckService()->Shutdown();  // everything NOT_SERVING
+  d.health->Shutdown();  // everything NOT_SERVING
   d.monitor.reset();  // no session ends while the daemon drains
   d.handler->BeginShutdown();
   d.transfers->Drain();
