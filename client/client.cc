@@ -327,12 +327,18 @@ absl::StatusOr<Operation> Client::Transfer(
   request.set_session_id(impl_->session_id);
   request.set_pool(pool);
   request.set_import_id(import_id);
-  FillRuns(host_pages, request.mutable_host_pages());
-  request.mutable_device_slots()->Reserve(static_cast<int>(device_slots.size()));
+  // Flat pairs: much cheaper to encode and decode than one message per run.
+  auto* host = request.mutable_host_page_pairs();
+  host->Reserve(static_cast<int>(2 * host_pages.size()));
+  for (const PageRange& p : host_pages) {
+    host->AddAlreadyReserved(p.first_page);
+    host->AddAlreadyReserved(p.num_pages);
+  }
+  auto* device = request.mutable_device_slot_pairs();
+  device->Reserve(static_cast<int>(2 * device_slots.size()));
   for (const SlotRange& s : device_slots) {
-    v1::SlotRun* run = request.add_device_slots();
-    run->set_first_slot(s.first_slot);
-    run->set_num_slots(s.num_slots);
+    device->AddAlreadyReserved(s.first_slot);
+    device->AddAlreadyReserved(s.num_slots);
   }
   request.set_layer_begin(options.layer_begin);
   request.set_layer_end(options.layer_end);

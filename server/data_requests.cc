@@ -49,16 +49,13 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
 
 absl::StatusOr<RequestHandler::OwnedPages> RequestHandler::ResolveOwnedPages(
     uint64_t session_id, const std::string& pool_name,
-    const google::protobuf::RepeatedPtrField<v1::PageRun>& pages,
-    bool require_idle) {
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& pages) {
   OwnedPages owned;
   ASSIGN_OR_RETURN(owned.session, sessions_->Get(session_id));
   ASSIGN_OR_RETURN(owned.pool, pools_->Get(pool_name));
   ASSIGN_OR_RETURN(owned.runs, ToPageRuns(pages));
-  const SlotAllocator& allocator = owned.pool->allocator();
-  RETURN_IF_ERROR(require_idle
-                      ? allocator.CheckOwnedIdle(owned.runs, owned.session->tag())
-                      : allocator.CheckOwned(owned.runs, owned.session->tag()));
+  RETURN_IF_ERROR(
+      owned.pool->allocator().CheckOwnedIdle(owned.runs, owned.session->tag()));
   return owned;
 }
 
@@ -106,9 +103,11 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Backup(
 absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
     const v1::TransferRequest& request, CopyDirection direction) {
   RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(OwnedPages owned,
-                   ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.host_pages(), /*require_idle=*/false));
+  // Ownership is checked by PinnedPages::Pin below, under the pool's lock.
+  OwnedPages owned;
+  ASSIGN_OR_RETURN(owned.session, sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(owned.pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(owned.runs, TransferHostRuns(request));
   const PoolGeometry& g = owned.pool->geometry();
   ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
                    owned.session->GetImport(request.import_id()));
@@ -118,7 +117,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
         import->pool()->name(), "', not '", owned.pool->name(), "'"));
   }
   ASSIGN_OR_RETURN(std::vector<SlotSpan> device,
-                   ToDeviceSpans(request.device_slots(), import->token_slots()));
+                   TransferDeviceSpans(request, import->token_slots()));
   std::vector<SlotSpan> host = PagesToTokenSpans(owned.runs, g.page_size);
   uint64_t host_tokens = CountPages(owned.runs) * g.page_size;
   uint64_t device_tokens = 0;
@@ -145,7 +144,8 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
                                     owned.pool->info().spec().default_mechanism()));
   auto op = std::make_unique<TransferOp>();
   ASSIGN_OR_RETURN(op->host_pages,
-                   PinnedPages::Pin(owned.pool, owned.runs, owned.session->tag()));
+                   PinnedPages::Pin(owned.pool, std::move(owned.runs),
+                                    owned.session->tag()));
   op->op_id = owned.session->NextOpId();
   op->import = import;
   op->signals = owned.session->signals();
@@ -188,7 +188,7 @@ absl::StatusOr<v1::ReadPagesResponse> RequestHandler::ReadPages(
     const v1::ReadPagesRequest& request) {
   ASSIGN_OR_RETURN(OwnedPages owned,
                    ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.pages(), /*require_idle=*/true));
+                                     request.pages()));
   ASSIGN_OR_RETURN(uint64_t bytes,
                    CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
   const PoolGeometry& g = owned.pool->geometry();
@@ -210,7 +210,7 @@ absl::StatusOr<v1::WritePagesResponse> RequestHandler::WritePages(
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(OwnedPages owned,
                    ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.pages(), /*require_idle=*/true));
+                                     request.pages()));
   ASSIGN_OR_RETURN(uint64_t bytes,
                    CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
   if (request.data().size() != bytes) {

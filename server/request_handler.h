@@ -102,8 +102,8 @@ class RequestHandler {
   absl::Status CheckServing() const;
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
-  // The session, the pool, and the pages it owns in `runs` (with no copy in
-  // flight if require_idle).
+  // The session, the pool, and the pages it owns in `runs`, with no copy in
+  // flight.
   struct OwnedPages {
     std::shared_ptr<Session> session;
     std::shared_ptr<HostPool> pool;
@@ -111,8 +111,7 @@ class RequestHandler {
   };
   absl::StatusOr<OwnedPages> ResolveOwnedPages(
       uint64_t session_id, const std::string& pool_name,
-      const google::protobuf::RepeatedPtrField<v1::PageRun>& pages,
-      bool require_idle);
+      const google::protobuf::RepeatedPtrField<v1::PageRun>& pages);
   absl::StatusOr<uint64_t> CheckPageIoSize(const HostPool& pool,
                                            uint64_t pages) const;
 

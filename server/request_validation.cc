@@ -20,6 +20,37 @@ absl::Status CheckRunCount(int count, const char* field) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<PageRun> CheckedPageRun(uint64_t first, uint64_t count) {
+  if (count == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pages: empty run at page ", first));
+  }
+  return PageRun{first, count};
+}
+
+absl::StatusOr<SlotSpan> CheckedSlotSpan(uint64_t first, uint64_t count,
+                                         uint64_t token_slots) {
+  if (count == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_slots: empty run at slot ", first));
+  }
+  if (first >= token_slots || count > token_slots - first) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_slots [", first, ", +", count,
+        ") out of range: the device buffers have ", token_slots,
+        " token slots"));
+  }
+  return SlotSpan{first, count};
+}
+
+absl::Status CheckPairs(int size, const char* field) {
+  if (size % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": an odd number of values (want first, count pairs)"));
+  }
+  return CheckRunCount(size / 2, field);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<PageRun>> ToPageRuns(
@@ -28,13 +59,34 @@ absl::StatusOr<std::vector<PageRun>> ToPageRuns(
   std::vector<PageRun> out;
   out.reserve(runs.size());
   for (const v1::PageRun& run : runs) {
-    if (run.num_pages() == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pages: empty run at page ", run.first_page()));
-    }
-    out.push_back({run.first_page(), run.num_pages()});
+    ASSIGN_OR_RETURN(PageRun checked,
+                     CheckedPageRun(run.first_page(), run.num_pages()));
+    out.push_back(checked);
   }
   return out;
+}
+
+absl::StatusOr<std::vector<PageRun>> PairsToPageRuns(
+    const google::protobuf::RepeatedField<uint64_t>& pairs) {
+  RETURN_IF_ERROR(CheckPairs(pairs.size(), "host_page_pairs"));
+  std::vector<PageRun> out;
+  out.reserve(pairs.size() / 2);
+  for (int i = 0; i < pairs.size(); i += 2) {
+    ASSIGN_OR_RETURN(PageRun checked, CheckedPageRun(pairs[i], pairs[i + 1]));
+    out.push_back(checked);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<PageRun>> TransferHostRuns(
+    const v1::TransferRequest& request) {
+  if (request.host_pages_size() > 0 && request.host_page_pairs_size() > 0) {
+    return absl::InvalidArgumentError(
+        "set host_pages or host_page_pairs, not both");
+  }
+  return request.host_page_pairs_size() > 0
+             ? PairsToPageRuns(request.host_page_pairs())
+             : ToPageRuns(request.host_pages());
 }
 
 uint64_t CountPages(const std::vector<PageRun>& runs) {
@@ -50,18 +102,30 @@ absl::StatusOr<std::vector<SlotSpan>> ToDeviceSpans(
   std::vector<SlotSpan> out;
   out.reserve(runs.size());
   for (const v1::SlotRun& run : runs) {
-    if (run.num_slots() == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device_slots: empty run at slot ", run.first_slot()));
-    }
-    if (run.first_slot() >= token_slots ||
-        run.num_slots() > token_slots - run.first_slot()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_slots [", run.first_slot(), ", +", run.num_slots(),
-          ") out of range: the device buffers have ", token_slots,
-          " token slots"));
-    }
-    out.push_back({run.first_slot(), run.num_slots()});
+    ASSIGN_OR_RETURN(SlotSpan span, CheckedSlotSpan(run.first_slot(),
+                                                    run.num_slots(), token_slots));
+    out.push_back(span);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<SlotSpan>> TransferDeviceSpans(
+    const v1::TransferRequest& request, uint64_t token_slots) {
+  if (request.device_slots_size() > 0 && request.device_slot_pairs_size() > 0) {
+    return absl::InvalidArgumentError(
+        "set device_slots or device_slot_pairs, not both");
+  }
+  if (request.device_slot_pairs_size() == 0) {
+    return ToDeviceSpans(request.device_slots(), token_slots);
+  }
+  const auto& pairs = request.device_slot_pairs();
+  RETURN_IF_ERROR(CheckPairs(pairs.size(), "device_slot_pairs"));
+  std::vector<SlotSpan> out;
+  out.reserve(pairs.size() / 2);
+  for (int i = 0; i < pairs.size(); i += 2) {
+    ASSIGN_OR_RETURN(SlotSpan span,
+                     CheckedSlotSpan(pairs[i], pairs[i + 1], token_slots));
+    out.push_back(span);
   }
   return out;
 }

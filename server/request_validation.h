@@ -25,6 +25,15 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;
 absl::StatusOr<std::vector<PageRun>> ToPageRuns(
     const google::protobuf::RepeatedPtrField<v1::PageRun>& runs);
 
+// The same for runs given as (first, count) pairs; also InvalidArgument for
+// an odd count.
+absl::StatusOr<std::vector<PageRun>> PairsToPageRuns(
+    const google::protobuf::RepeatedField<uint64_t>& pairs);
+
+// The host pages of a transfer, from whichever form it uses (not both).
+absl::StatusOr<std::vector<PageRun>> TransferHostRuns(
+    const v1::TransferRequest& request);
+
 // Total pages of `runs` (no overflow: each run is within a pool).
 uint64_t CountPages(const std::vector<PageRun>& runs);
 
@@ -33,6 +42,11 @@ uint64_t CountPages(const std::vector<PageRun>& runs);
 absl::StatusOr<std::vector<SlotSpan>> ToDeviceSpans(
     const google::protobuf::RepeatedPtrField<v1::SlotRun>& runs,
     uint64_t token_slots);
+
+// The device slots of a transfer, from whichever form it uses (not both),
+// checked against `token_slots`.
+absl::StatusOr<std::vector<SlotSpan>> TransferDeviceSpans(
+    const v1::TransferRequest& request, uint64_t token_slots);
 
 // InvalidArgument naming `side` if two spans overlap.
 absl::Status CheckNoOverlap(std::vector<SlotSpan> spans, const char* side);

@@ -313,6 +313,43 @@ TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
   EXPECT_OK(handler_.Load(request));
 }
 
+TEST_F(RequestHandlerTest, TransferRunsMayComeAsFlatPairs) {
+  CreatePool("p");
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);  // pages 0, 1
+  v1::TransferRequest request;
+  request.set_session_id(s);
+  request.set_pool("p");
+  request.set_import_id(import);
+  for (uint64_t v : {1, 1, 0, 1}) request.add_host_page_pairs(v);  // page 1, page 0
+  for (uint64_t v : {20, 4, 2, 4}) request.add_device_slot_pairs(v);
+  auto op = handler_.Backup(request);
+  ASSERT_OK(op);
+  EXPECT_EQ(8u, op->num_tokens());
+  sessions_.Get(s).value()->signals()->AwaitIdle();
+
+  v1::TransferRequest both = request;
+  both.add_host_pages()->set_num_pages(1);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(both));
+  both = request;
+  both.add_device_slots()->set_num_slots(1);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(both));
+  v1::TransferRequest odd = request;
+  odd.add_host_page_pairs(3);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(odd));
+  v1::TransferRequest empty_run = request;
+  empty_run.set_host_page_pairs(1, 0);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(empty_run));
+  v1::TransferRequest far = request;
+  far.set_device_slot_pairs(0, kDeviceSlots - 1);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(far));
+  v1::TransferRequest twice = request;
+  twice.set_host_page_pairs(2, 1);  // page 1 twice
+  EXPECT_ERROR(InvalidArgument, handler_.Load(twice));
+  EXPECT_OK(handler_.Load(request));
+}
+
 TEST_F(RequestHandlerTest, LoadCopiesOnlyTheRequestedLayers) {
   CreatePool("p");
   const uint64_t s = OpenSession();
