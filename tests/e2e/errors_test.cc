@@ -79,7 +79,7 @@ TEST_F(ErrorsTest, DaemonKeepsServingAfterBadRequests) {
   for (int i = 0; i < 50; ++i) {
     EXPECT_ERROR(InvalidArgument, alice_->Free("p", {{UINT64_MAX - 1, 5}}));
     EXPECT_ERROR(NotFound, alice_->Load("p", 1, *mine, {{UINT64_MAX, 16}}));
-    EXPECT_ERROR(FailedPrecondition, alice_->Load("p", 1, {{7, 1}}, {{0, 16}}));
+    EXPECT_ERROR(FailedPrecondition, alice_->ReadPages("p", {{7, 1}}));
   }
   // Bob still moves bytes.
   auto device = ShmDeviceBuffer::Create(4 * 32 * 64);
