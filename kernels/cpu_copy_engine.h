@@ -3,6 +3,7 @@
 #define HOSTKV_KERNELS_CPU_COPY_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/copy_plan.h"
 #include "kernels/worker_pool.h"
@@ -17,6 +18,16 @@ class CpuCopyEngine {
   // Copies every token of `task` for one layer, split over the workers when
   // the layer is large enough to pay for it.
   void CopyLayer(const CopyTask& task, uint32_t layer) const;
+
+  // Copies layers [layer_begin, layer_end) in one pass over the workers (no
+  // barrier between layers): each worker copies its share of the tokens
+  // layer after layer. layer_done(l) is called, on some worker, once every
+  // worker has copied layer l, which implies all layers before l are done
+  // too (calls for different layers may overlap and arrive out of order).
+  // Before each layer each worker asks keep_going(); false stops it.
+  void CopyLayers(const CopyTask& task, uint32_t layer_begin,
+                  uint32_t layer_end, const std::function<bool()>& keep_going,
+                  const std::function<void(uint32_t)>& layer_done) const;
 
  private:
   WorkerPool* const workers_;

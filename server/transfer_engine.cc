@@ -64,32 +64,33 @@ void TransferEngine::DispatchLoop() {
 }
 
 void TransferEngine::Run(TransferOp& op) {
-  const uint32_t layers = op.layer_end - op.layer_begin;
   const absl::Time start = absl::Now();
   const CopyDirection direction = op.task.direction;
-  for (uint32_t i = 0; i < layers; ++i) {
-    if (op.signals->cancelled()) {
-      spdlog::debug("op {} abandoned after {} of {} layers: session closed",
-                    op.op_id, i, layers);
-      op.host_pages.Release();
-      op.signals->Finish(op.signal_index, /*failed=*/true);
-      return;
-    }
-    copier_.CopyLayer(op.task, op.layer_begin + i);
-    if (i + 1 == layers) {
-      // A client that saw the last layer may free or read the pages at once.
-      op.host_pages.Release();
-      HostPool& pool = *op.import->pool();
-      if (direction == CopyDirection::kHostToDevice) {
-        pool.completed_loads().fetch_add(1);
-      } else {
-        pool.completed_backups().fetch_add(1);
-      }
-    }
-    op.signals->Publish(op.signal_index, i + 1);
-    if (metrics_ != nullptr) {
-      metrics_->RecordLayerReady(direction, absl::Now() - op.submitted);
-    }
+  std::atomic<bool> complete{false};
+  copier_.CopyLayers(
+      op.task, op.layer_begin, op.layer_end,
+      [&op] { return !op.signals->cancelled(); },
+      [&](uint32_t layer) {
+        if (layer + 1 == op.layer_end) {
+          // Every layer is copied. A client that sees the last layer may
+          // free or read the pages at once: unpin them first.
+          op.host_pages.Release();
+          HostPool& pool = *op.import->pool();
+          (direction == CopyDirection::kHostToDevice ? pool.completed_loads()
+                                                     : pool.completed_backups())
+              .fetch_add(1);
+          complete.store(true);
+        }
+        op.signals->Publish(op.signal_index, layer - op.layer_begin + 1);
+        if (metrics_ != nullptr) {
+          metrics_->RecordLayerReady(direction, absl::Now() - op.submitted);
+        }
+      });
+  if (!complete.load()) {
+    spdlog::debug("op {} abandoned: its session ended", op.op_id);
+    op.host_pages.Release();
+    op.signals->Finish(op.signal_index, /*failed=*/true);
+    return;
   }
   if (metrics_ != nullptr) {
     metrics_->RecordTransfer(direction, op.task.mechanism, op.bytes,

@@ -48,7 +48,9 @@
 #     linked) are annotated; the libraries' own mutexes stay invisible like
 #     the rest of those libraries. Checked: without the shim a program with
 #     correctly locked data gets a report, with it none; a write without the
-#     lock is still reported.
+#     lock is still reported. Limit: what an absl::Condition callback reads
+#     (Await, LockWhen) is not checked at all, since it runs inside the
+#     ignored lock operation.
 #  2. Interceptors (malloc/free, memcpy, epoll, sendmsg...) called from inside
 #     gRPC and Abseil see only part of those libraries' synchronization
 #     (their atomics are not instrumented) and report races between library
@@ -336,9 +338,10 @@ mkdir -p "${reports}"
 ulimit -c 0 || true
 
 if [[ "${mode}" == asan ]]; then
+  # log_path is common to the three runtimes in one process: same value.
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:log_path=${reports}/asan"
-  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=${reports}/ubsan"
-  export LSAN_OPTIONS="log_path=${reports}/lsan"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=${reports}/asan"
+  export LSAN_OPTIONS="log_path=${reports}/asan"
 else
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:log_path=${reports}/tsan"
   if [[ -s "${root}/tests/tsan.supp" ]]; then

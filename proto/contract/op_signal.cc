@@ -34,7 +34,12 @@ void BeginOpSignal(OpSignal& signal, uint64_t op_id) {
 }
 
 void PublishLayersDone(OpSignal& signal, uint32_t layers_done) {
-  signal.progress.store(layers_done, std::memory_order_seq_cst);
+  // Monotonic: layers may be reported by several threads out of order.
+  uint32_t current = signal.progress.load(std::memory_order_seq_cst);
+  while (current < layers_done &&
+         !signal.progress.compare_exchange_weak(current, layers_done,
+                                                std::memory_order_seq_cst)) {
+  }
   FutexWakeAll(&signal.progress);
 }
 

@@ -35,7 +35,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 // Daemon side: claims `signal` for `op_id` with no layers done.
 void BeginOpSignal(OpSignal& signal, uint64_t op_id);
 
-// Daemon side: publishes `layers_done` and wakes every waiter.
+// Daemon side: raises the count of layers done to `layers_done` (never
+// lowers it) and wakes every waiter.
 void PublishLayersDone(OpSignal& signal, uint32_t layers_done);
 
 // Daemon side: marks the operation failed and wakes every waiter.
