@@ -39,6 +39,7 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
       free_.emplace(first + take, rest);
     }
     std::fill(owner_.begin() + first, owner_.begin() + first + take, owner);
+    Extend(owner, first, first + take - 1);
     runs.push_back({first, take});
     left -= take;
   }
@@ -124,8 +125,12 @@ absl::StatusOr<uint64_t> SlotAllocator::HandOver(const std::vector<PageRun>& run
       owner_[p] = to;
       ++pages;
     }
+    Extend(to, run.first_page, run.first_page + run.num_pages - 1);
   }
-  if ((usage_[from] -= pages) == 0) usage_.erase(from);
+  if ((usage_[from] -= pages) == 0) {
+    usage_.erase(from);
+    span_.erase(from);
+  }
   usage_[to] += pages;
   return pages;
 }
@@ -167,7 +172,10 @@ absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
     InsertFreeExtent(run.first_page, run.num_pages);
   }
   free_pages_ += freed;
-  if ((usage_[owner] -= freed) == 0) usage_.erase(owner);
+  if ((usage_[owner] -= freed) == 0) {
+    usage_.erase(owner);
+    span_.erase(owner);
+  }
   return freed;
 }
 
@@ -194,17 +202,27 @@ uint64_t SlotAllocator::FreeAllOwnedBy(OwnerTag owner) {
   if (it == usage_.end()) return 0;
   const uint64_t pages = it->second;
   usage_.erase(it);
-  for (uint64_t p = 0; p < num_pages_;) {
+  const Span span = span_.at(owner);
+  span_.erase(owner);
+  for (uint64_t p = span.first; p <= span.last;) {
     if (owner_[p] != owner) {
       ++p;
       continue;
     }
     const uint64_t first = p;
-    while (p < num_pages_ && owner_[p] == owner) owner_[p++] = kNoOwner;
+    while (p <= span.last && owner_[p] == owner) owner_[p++] = kNoOwner;
     InsertFreeExtent(first, p - first);
   }
   free_pages_ += pages;
   return pages;
+}
+
+void SlotAllocator::Extend(OwnerTag owner, uint64_t first, uint64_t last) {
+  auto [it, inserted] = span_.try_emplace(owner, Span{first, last});
+  if (!inserted) {
+    it->second.first = std::min(it->second.first, first);
+    it->second.last = std::max(it->second.last, last);
+  }
 }
 
 uint64_t SlotAllocator::free_pages() const {

@@ -101,6 +101,15 @@ class SlotAllocator {
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
   uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<OwnerTag, uint64_t> usage_ ABSL_GUARDED_BY(mu_);
+  // Per owner, pages [first, last] bound everything it ever held since it
+  // last held nothing: FreeAllOwnedBy scans only that span.
+  struct Span {
+    uint64_t first;
+    uint64_t last;
+  };
+  absl::flat_hash_map<OwnerTag, Span> span_ ABSL_GUARDED_BY(mu_);
+  void Extend(OwnerTag owner, uint64_t first, uint64_t last)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace hostkv

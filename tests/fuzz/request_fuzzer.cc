@@ -3,9 +3,11 @@
 // behind it, as hostkvd runs them minus gRPC.
 //
 // Each input is decoded (FuzzedDataProvider) into at most kMaxOps requests:
-// Alloc, Free, Load, Backup, ReadPages, WritePages, GetPageBufferMeta,
-// RegisterDeviceBuffers, UnregisterDeviceBuffers, CreatePool, DeletePool,
-// OpenSession, CloseSession, GetPoolStats, GetPool, ListPools, and a
+// Alloc, Free, HandOverPages, Load, Backup, ReadPages, WritePages,
+// GetPageBufferMeta, RegisterDeviceBuffers, UnregisterDeviceBuffers,
+// CreatePool, DeletePool, OpenSession, RenewSession, CloseSession (or
+// EndSession, as the session monitor does), AttachSession, an idle-session
+// sweep (ExpireIdleSessions), GetPoolStats, GetPool, ListPools, and a
 // Backup-then-Load round trip. Fields are biased towards what breaks code:
 // 0, 1, sizes next to the pool's, UINT64_MAX, offset/size pairs that
 // overflow, ids of open sessions and imports most of the time and stale or
@@ -24,8 +26,9 @@
 //     pool and add up to the pages' bytes.
 // A violated check prints what and aborts, which libFuzzer saves as a crash.
 //
-// Every input starts from the same state (two base pools, two sessions, three
-// device-buffer registrations), so a saved crash reproduces on its own.
+// Every input starts from the same state (two base pools, two attached
+// sessions owning a few pages, three device-buffer registrations), so a
+// saved crash reproduces on its own.
 // Copies run on the engine's threads; after a transfer the harness normally
 // waits for the session's signal board to go idle, and now and then lets up
 // to kMaxOutstanding copies run on while the next requests come in.
@@ -87,22 +90,13 @@ const char* const kFuzzPools[] = {"f0", "f1", "f2"};
     }                                                                    \
   } while (0)
 
-// RequestLimits gains allow_unverified_shm_names with session attachment;
-// without an attached session socket (none here) shm registrations need it.
-// Sets it where the member exists, so this builds before and after.
-template <typename L>
-auto AllowUnverifiedShmNames(L& limits, int)
-    -> decltype(limits.allow_unverified_shm_names = true, void()) {
-  limits.allow_unverified_shm_names = true;
-}
-template <typename L>
-void AllowUnverifiedShmNames(L&, long) {}
-
 RequestLimits MakeLimits(const std::string& prefix) {
   RequestLimits limits;
   limits.max_page_io_bytes = kMaxPageIoBytes;
   limits.reserved_segment_prefix = prefix;
-  AllowUnverifiedShmNames(limits, 0);
+  // As deployed: shm buffers only for sessions attached by a peer whose uid
+  // owns the segments (AttachSession stands in for the session socket).
+  limits.allow_unverified_shm_names = false;
   return limits;
 }
 
@@ -144,6 +138,8 @@ struct ImportModel {
 struct SessionModel {
   uint64_t id = 0;
   OwnerTag tag = kNoOwner;
+  bool attached = false;
+  uint32_t uid = 0;  // of the attached peer
   std::map<std::string, std::set<uint64_t>> pages;  // pool -> owned pages
   std::vector<ImportModel> imports;
   uint64_t TotalPages() const {
@@ -166,7 +162,7 @@ class Harness {
         budget_(kBudgetBytes, 0, [] { return uint64_t{1} << 40; }),
         pools_(&budget_, prefix_, 1),
         sessions_(prefix_, kSignalRecords),
-        transfers_(2),
+        transfers_(2, /*metrics=*/nullptr),
         handler_(MakeLimits(prefix_), &budget_, &pools_, &sessions_,
                  &transfers_) {
     const std::string dev = absl::StrCat("/hostkv-fuzzdev.", getpid(), ".");
@@ -204,7 +200,8 @@ class Harness {
     kAlloc, kFree, kLoad, kBackup, kReadPages, kWritePages,
     kGetPageBufferMeta, kRegister, kUnregister, kCreatePool, kDeletePool,
     kOpenSession, kCloseSession, kGetPoolStats, kGetPool, kListPools,
-    kRoundTrip, kOpCount
+    kRoundTrip, kHandOver, kRenewSession, kAttachSession, kExpireIdle,
+    kOpCount
   };
 
   void Step() {
@@ -245,6 +242,18 @@ class Harness {
         return;
       }
       case kRoundTrip: return DoRoundTrip();
+      case kHandOver: return DoHandOver();
+      case kRenewSession: {
+        v1::RenewSessionRequest r;
+        r.set_session_id(PickSessionId());
+        auto s = handler_.RenewSession(r);
+        Note(s.ok());
+        FUZZ_CHECK(s.ok() == (FindLive(r.session_id()) != nullptr),
+                   "RenewSession: ", s.status().ToString());
+        return;
+      }
+      case kAttachSession: return DoAttachSession();
+      case kExpireIdle: return DoExpireIdle();
       default: return;
     }
   }
@@ -256,7 +265,8 @@ class Harness {
         "Alloc", "Free", "Load", "Backup", "ReadPages", "WritePages",
         "GetPageBufferMeta", "RegisterDeviceBuffers", "UnregisterDeviceBuffers",
         "CreatePool", "DeletePool", "OpenSession", "CloseSession",
-        "GetPoolStats", "GetPool", "ListPools", "RoundTrip"};
+        "GetPoolStats", "GetPool", "ListPools", "RoundTrip", "HandOverPages",
+        "RenewSession", "AttachSession", "ExpireIdleSessions"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
     std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
     for (int op = 0; op < kOpCount; ++op) {
@@ -307,11 +317,73 @@ class Harness {
       Note(s.ok());
       FUZZ_CHECK(s.ok(), "reset: open session: ", s.status().ToString());
       AddLive(s->session_id());
+      FUZZ_CHECK(Attach(live_.back().id, geteuid()).ok());
     }
-    // Alice has buffers for both base pools, Bob for p0.
+    // Alice has buffers for both base pools, Bob for p0; both own a few
+    // pages, so that short inputs reach the transfer and page paths.
     FUZZ_CHECK(RegisterValid(0, "p0", 16, 0).ok());
     FUZZ_CHECK(RegisterValid(0, "p1", 32, 8192).ok());
     FUZZ_CHECK(RegisterValid(1, "p0", kMaxDeviceSlots, 65536).ok());
+    AllocFor(0, "p0", 6);
+    AllocFor(0, "p1", 8);
+    AllocFor(1, "p0", 4);
+  }
+
+  // Attaches session `id` as a peer of this process with `uid` (what the
+  // session socket does with SO_PEERCRED) and notes it in the model.
+  absl::Status Attach(uint64_t id, uint32_t uid) {
+    const absl::Status s = handler_.AttachSession(
+        id, PeerCredentials{static_cast<uint32_t>(getpid()), uid,
+                            static_cast<uint32_t>(getegid())});
+    SessionModel* m = FindLive(id);
+    if (s.ok()) {
+      FUZZ_CHECK(m != nullptr && !m->attached, "attached session ", id,
+                 " twice or unknown");
+      m->attached = true;
+      m->uid = uid;
+    } else {
+      FUZZ_CHECK(m == nullptr || m->attached, "attach refused: ", s.ToString());
+    }
+    return s;
+  }
+
+  // Whether a well-formed registration of device_ by `m` must succeed: the
+  // session is attached by a peer whose uid owns the segment (or is root).
+  bool MayRegister(const SessionModel* m) const {
+    return m != nullptr && m->attached && (m->uid == 0 || m->uid == geteuid());
+  }
+
+  // Drops from the model the sessions that are no longer open (ended by
+  // ExpireIdleSessions), after checking they were allowed to end.
+  void Reconcile() {
+    std::set<uint64_t> open;
+    for (const auto& session : sessions_.List()) open.insert(session->id());
+    for (size_t i = 0; i < live_.size();) {
+      if (open.count(live_[i].id)) {
+        ++i;
+        continue;
+      }
+      FUZZ_CHECK(!live_[i].attached, "attached session ", live_[i].id,
+                 " ended by the idle sweep");
+      closed_ids_.push_back(live_[i].id);
+      live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    FUZZ_CHECK(open.size() == live_.size(), "registry has ", open.size(),
+               " sessions, model ", live_.size());
+  }
+
+  void AllocFor(size_t live_index, const std::string& pool, uint64_t pages) {
+    v1::AllocRequest r;
+    r.set_session_id(live_[live_index].id);
+    r.set_pool(pool);
+    r.set_num_tokens(pages * FindPool(pool)->geometry().page_size);
+    auto s = handler_.Alloc(r);
+    FUZZ_CHECK(s.ok(), "reset: alloc: ", s.status().ToString());
+    for (const v1::PageRun& run : s->pages()) {
+      for (uint64_t p = run.first_page(); p < run.first_page() + run.num_pages(); ++p) {
+        live_[live_index].pages[pool].insert(p);
+      }
+    }
   }
 
   static bool IsBasePool(const std::string& name) {
@@ -334,21 +406,29 @@ class Harness {
     return nullptr;
   }
 
-  // Closes live_[index] through the handler and checks the answer.
-  void CloseLive(size_t index, bool expect_ok) {
+  // Closes live_[index] through the handler (CloseSession, or EndSession as
+  // the session monitor does when the socket closes) and checks the answer.
+  void CloseLive(size_t index, bool expect_ok, bool end = false) {
     const SessionModel m = live_[index];
-    v1::CloseSessionRequest r;
-    r.set_session_id(m.id);
-    auto s = handler_.CloseSession(r);
-    Note(s.ok());
-    if (!s.ok()) {
-      FUZZ_CHECK(!expect_ok, "close session: ", s.status().ToString());
-      return;
+    if (end) {
+      const absl::Status s = handler_.EndSession(m.id, "fuzz");
+      Note(s.ok());
+      FUZZ_CHECK(s.ok() || !expect_ok, "end session: ", s.ToString());
+      if (!s.ok()) return;
+    } else {
+      v1::CloseSessionRequest r;
+      r.set_session_id(m.id);
+      auto s = handler_.CloseSession(r);
+      Note(s.ok());
+      if (!s.ok()) {
+        FUZZ_CHECK(!expect_ok, "close session: ", s.status().ToString());
+        return;
+      }
+      FUZZ_CHECK(s->pages_freed() == m.TotalPages(), "close freed ",
+                 s->pages_freed(), " pages, model says ", m.TotalPages());
+      FUZZ_CHECK(s->imports_closed() == m.imports.size(), "close closed ",
+                 s->imports_closed(), " imports, model says ", m.imports.size());
     }
-    FUZZ_CHECK(s->pages_freed() == m.TotalPages(), "close freed ",
-               s->pages_freed(), " pages, model says ", m.TotalPages());
-    FUZZ_CHECK(s->imports_closed() == m.imports.size(), "close closed ",
-               s->imports_closed(), " imports, model says ", m.imports.size());
     live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(index));
     closed_ids_.push_back(m.id);
     if (closed_ids_.size() > 4) closed_ids_.erase(closed_ids_.begin());
@@ -432,7 +512,9 @@ class Harness {
     }
   }
 
-  bool OneIn(int n) { return fdp_->ConsumeIntegralInRange<int>(1, n) == 1; }
+  // True with probability 1/n; false once the input is used up, so that the
+  // tail of an input decodes to well-formed requests rather than odd ones.
+  bool OneIn(int n) { return fdp_->ConsumeIntegralInRange<int>(0, n - 1) == n - 1; }
 
   // Index into live_, or -1.
   int PickLiveIndex() {
@@ -479,8 +561,8 @@ class Harness {
       if (it != session->pages.end() && !it->second.empty()) owned = &it->second;
     }
     const uint8_t mode = fdp_->ConsumeIntegral<uint8_t>();
-    const int count = fdp_->ConsumeIntegralInRange<int>(mode % 16 == 0 ? 0 : 1, 4);
-    if (owned != nullptr && mode >= 48) {
+    const int count = fdp_->ConsumeIntegralInRange<int>(mode % 16 == 15 ? 0 : 1, 4);
+    if (owned != nullptr && mode < 208) {
       std::vector<uint64_t> list(owned->begin(), owned->end());
       std::set<uint64_t> used;
       for (int i = 0; i < count; ++i) {
@@ -690,7 +772,38 @@ class Harness {
     }
     const uint8_t mech = fdp_->ConsumeIntegral<uint8_t>();
     r->set_mechanism(static_cast<v1::CopyMechanism>(mech < 250 ? mech % 3 : mech));
+    // The flat (first, count) pair forms of the same runs, as the client
+    // library sends them; now and then both forms, or an odd count.
+    const uint8_t form = fdp_->ConsumeIntegral<uint8_t>();
+    if (form & 1) {
+      for (const v1::PageRun& run : r->host_pages()) {
+        r->add_host_page_pairs(run.first_page());
+        r->add_host_page_pairs(run.num_pages());
+      }
+      if (!(form & 4)) r->clear_host_pages();
+    }
+    if (form & 2) {
+      for (const v1::SlotRun& run : r->device_slots()) {
+        r->add_device_slot_pairs(run.first_slot());
+        r->add_device_slot_pairs(run.num_slots());
+      }
+      if (!(form & 8)) r->clear_device_slots();
+    }
+    if (form >= 240) {
+      r->add_host_page_pairs(PickU64(num_pages));
+      r->add_device_slot_pairs(PickU64(slots));
+    }
     return import;
+  }
+
+  // The host runs of a transfer request, from whichever form it uses.
+  static std::vector<PageRun> HostRuns(const v1::TransferRequest& r) {
+    if (r.host_page_pairs_size() == 0) return ToRuns(r.host_pages());
+    std::vector<PageRun> runs;
+    for (int i = 0; i + 1 < r.host_page_pairs_size(); i += 2) {
+      runs.push_back({r.host_page_pairs(i), r.host_page_pairs(i + 1)});
+    }
+    return runs;
   }
 
   // After an accepted transfer: waits for it, or (sometimes) lets it run.
@@ -715,7 +828,10 @@ class Harness {
     FUZZ_CHECK(m != nullptr, "transfer for a closed session accepted");
     std::vector<uint64_t> pages;
     auto pool = FindPool(r.pool());
-    FUZZ_CHECK(pool && DistinctPages(ToRuns(r.host_pages()), pool->allocator().num_pages(), &pages) &&
+    FUZZ_CHECK(r.host_pages_size() == 0 || r.host_page_pairs_size() == 0);
+    FUZZ_CHECK(r.device_slots_size() == 0 || r.device_slot_pairs_size() == 0);
+    FUZZ_CHECK(r.host_page_pairs_size() % 2 == 0 && r.device_slot_pairs_size() % 2 == 0);
+    FUZZ_CHECK(pool && DistinctPages(HostRuns(r), pool->allocator().num_pages(), &pages) &&
                    AllOwned(m, r.pool(), pages),
                "transfer accepted pages the session does not own: ", r.ShortDebugString());
     FUZZ_CHECK(s->num_tokens() == pages.size() * pool->geometry().page_size);
@@ -763,10 +879,10 @@ class Harness {
     }
     uint64_t size = want;
     switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
-      case 0: size = want + 1; break;
-      case 1: size = want == 0 ? 0 : want - 1; break;
-      case 2: size = fdp_->ConsumeIntegralInRange<uint64_t>(0, 4096); break;
-      default: break;
+      case 5: size = want + 1; break;
+      case 6: size = want == 0 ? 0 : want - 1; break;
+      case 7: size = fdp_->ConsumeIntegralInRange<uint64_t>(0, 4096); break;
+      default: break;  // exact
     }
     size = std::min<uint64_t>(size, 2 * kMaxPageIoBytes + 1);
     const uint8_t seed = fdp_->ConsumeIntegral<uint8_t>();
@@ -939,11 +1055,14 @@ class Harness {
     auto s = handler_.RegisterDeviceBuffers(r);
     Note(s.ok());
     if (!s.ok()) {
-      FUZZ_CHECK(!(clean && m != nullptr), "a well-formed registration was refused: ",
+      FUZZ_CHECK(!(clean && MayRegister(m)), "a well-formed registration was refused: ",
                  s.status().ToString());
       return;
     }
     FUZZ_CHECK(m != nullptr && pool != nullptr, "registration accepted for a closed session or pool");
+    FUZZ_CHECK(MayRegister(m), "shm registration accepted for a session ",
+               m->attached ? "attached with a uid that does not own the segment"
+                           : "that is not attached");
     // What was accepted must fit where it points.
     for (const auto* list : {&r.k_buffers(), &r.v_buffers()}) {
       for (const v1::DeviceBuffer& b : *list) {
@@ -1087,7 +1206,7 @@ class Harness {
     const uint64_t id = PickSessionId();
     for (size_t i = 0; i < live_.size(); ++i) {
       if (live_[i].id == id) {
-        CloseLive(i, /*expect_ok=*/true);
+        CloseLive(i, /*expect_ok=*/true, /*end=*/OneIn(3));
         if (outstanding_ != 0) Quiesce();
         return;
       }
@@ -1095,6 +1214,79 @@ class Harness {
     v1::CloseSessionRequest r;
     r.set_session_id(id);
     FUZZ_CHECK(!handler_.CloseSession(r).ok(), "closed unknown session ", id);
+    FUZZ_CHECK(!handler_.EndSession(id, "fuzz").ok(), "ended unknown session ", id);
+  }
+
+  void DoAttachSession() {
+    const uint64_t id = PickSessionId();
+    uint32_t uid = geteuid();
+    switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
+      case 6: uid = 0; break;
+      case 7: uid = fdp_->ConsumeIntegral<uint32_t>(); break;
+      default: break;
+    }
+    Note(Attach(id, uid).ok());
+  }
+
+  // Ends the unattached sessions (a lease of zero), as the session monitor
+  // does for those idle longer than the lease; copies may be in flight.
+  void DoExpireIdle() {
+    handler_.ExpireIdleSessions(absl::ZeroDuration());
+    Note(true);
+    Reconcile();
+  }
+
+  // HandOverPages: mostly owned pages to another open session.
+  void DoHandOver() {
+    v1::HandOverPagesRequest r;
+    r.set_session_id(PickSessionId());
+    r.set_pool(PickPoolName());
+    SessionModel* from = FindLive(r.session_id());
+    const auto pool = FindPool(r.pool());
+    const uint64_t num_pages = pool ? pool->allocator().num_pages() : 100;
+    const std::vector<PageRun> runs = PickPageRuns(from, r.pool(), num_pages);
+    SetRuns(runs, r.mutable_pages());
+    const uint8_t sel = fdp_->ConsumeIntegral<uint8_t>();
+    if (sel < 224 && !live_.empty()) {
+      r.set_to_session_number(live_[sel % live_.size()].tag);
+    } else {
+      r.set_to_session_number(sel % 2 == 0 ? kNoOwner
+                                           : fdp_->ConsumeIntegral<uint32_t>());
+    }
+    SessionModel* to = nullptr;
+    for (SessionModel& m : live_) {
+      if (m.tag == r.to_session_number()) to = &m;
+    }
+    // Pages listed (in range; repeats allowed) and whether `from` owns all.
+    std::set<uint64_t> pages;
+    bool valid = from != nullptr && to != nullptr && pool != nullptr && !runs.empty();
+    for (const PageRun& run : runs) {
+      if (run.num_pages == 0 || run.first_page >= num_pages ||
+          run.num_pages > num_pages - run.first_page) {
+        valid = false;
+        break;
+      }
+      for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+        pages.insert(p);
+      }
+    }
+    if (valid) {
+      valid = AllOwned(from, r.pool(), std::vector<uint64_t>(pages.begin(), pages.end()));
+    }
+    auto s = handler_.HandOverPages(r);
+    Note(s.ok());
+    if (!s.ok()) {
+      FUZZ_CHECK(!(valid && outstanding_ == 0), "HandOverPages refused: ",
+                 s.status().ToString(), " ", r.ShortDebugString());
+      return;
+    }
+    FUZZ_CHECK(valid, "HandOverPages accepted: ", r.ShortDebugString());
+    FUZZ_CHECK(s->pages() == pages.size(), "HandOverPages moved ", s->pages(),
+               " pages, listed ", pages.size());
+    for (uint64_t p : pages) {
+      from->pages[r.pool()].erase(p);
+      to->pages[r.pool()].insert(p);
+    }
   }
 
   void DoGetPoolStats() {
@@ -1116,6 +1308,19 @@ class Harness {
       for (const v1::SessionUsage& u : p.sessions()) listed += u.pages();
       FUZZ_CHECK(p.used_pages() == model && listed == model, "stats of ", p.name(),
                  ": used ", p.used_pages(), " listed ", listed, " model ", model);
+    }
+    FUZZ_CHECK(s->sessions_size() == static_cast<int>(live_.size()));
+    for (const v1::SessionInfo& info : s->sessions()) {
+      const SessionModel* m = nullptr;
+      for (const SessionModel& l : live_) {
+        if (l.tag == info.session_number()) m = &l;
+      }
+      FUZZ_CHECK(m != nullptr, "stats list unknown session ", info.session_number());
+      FUZZ_CHECK(info.attached() == m->attached && info.pages() == m->TotalPages() &&
+                     info.imports() == m->imports.size() &&
+                     (!m->attached || info.uid() == m->uid),
+                 "stats of session ", info.ShortDebugString(), " vs model: attached ",
+                 m->attached, " pages ", m->TotalPages(), " imports ", m->imports.size());
     }
   }
 
@@ -1156,13 +1361,18 @@ class Harness {
     const std::vector<uint64_t> src_rows = device_rows(src);
     const std::vector<uint64_t> dst_rows = device_rows(dst);
     if (src_rows.size() != tokens || dst_rows.size() != tokens) return;
-    for (const SlotSpan& s : src) {
-      if (s.first >= imp.token_slots || s.count > imp.token_slots - s.first) return;
-    }
+    auto in_range = [&](const std::vector<SlotSpan>& spans) {
+      for (const SlotSpan& s : spans) {
+        if (s.count == 0 || s.first >= imp.token_slots ||
+            s.count > imp.token_slots - s.first) {
+          return false;
+        }
+      }
+      return true;
+    };
+    if (!in_range(src) || !in_range(dst)) return;
     if (std::set<uint64_t>(dst_rows.begin(), dst_rows.end()).size() != tokens) return;
-    for (const SlotSpan& s : dst) {
-      if (s.first >= imp.token_slots || s.count > imp.token_slots - s.first) return;
-    }
+
 
     const uint32_t lb = fdp_->ConsumeIntegralInRange<uint32_t>(0, g.num_layers - 1);
     const uint32_t le = fdp_->ConsumeIntegralInRange<uint32_t>(lb + 1, g.num_layers);
