@@ -118,6 +118,7 @@ absl::StatusOr<uint64_t> SlotAllocator::HandOver(const std::vector<PageRun>& run
                                      OwnerTag from, OwnerTag to) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
+  if (from == to) return uint64_t{0};  // nothing moves
   uint64_t pages = 0;  // a page listed twice is moved (and counted) once
   for (const PageRun& run : runs) {
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
@@ -202,8 +203,10 @@ uint64_t SlotAllocator::FreeAllOwnedBy(OwnerTag owner) {
   if (it == usage_.end()) return 0;
   const uint64_t pages = it->second;
   usage_.erase(it);
-  const Span span = span_.at(owner);
-  span_.erase(owner);
+  auto span_it = span_.find(owner);
+  const Span span =
+      span_it == span_.end() ? Span{0, num_pages_ - 1} : span_it->second;
+  if (span_it != span_.end()) span_.erase(span_it);
   for (uint64_t p = span.first; p <= span.last;) {
     if (owner_[p] != owner) {
       ++p;

@@ -133,6 +133,16 @@ TEST_F(SlotAllocatorTest, HandOverMovesPagesAndUsage) {
   EXPECT_ERROR(FailedPrecondition, alloc_.HandOver({{0, 1}}, kAlice, kBob));
 }
 
+TEST_F(SlotAllocatorTest, HandOverToItselfMovesNothing) {
+  Alloc(3, kAlice);
+  auto moved = alloc_.HandOver({{0, 3}}, kAlice, kAlice);
+  ASSERT_OK(moved);
+  EXPECT_EQ(0u, *moved);
+  EXPECT_EQ(3u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(3u, alloc_.FreeAllOwnedBy(kAlice));  // found by the fuzzer
+  EXPECT_EQ(100u, alloc_.free_pages());
+}
+
 TEST_F(SlotAllocatorTest, UsageByOwnerCountsPages) {
   Alloc(3, kAlice);
   Alloc(7, kBob);
