@@ -244,6 +244,11 @@ absl::flat_hash_map<OwnerTag, uint64_t> SlotAllocator::UsageByOwner() const {
   return usage_;
 }
 
+SlotAllocator::Occupancy SlotAllocator::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  return Occupancy{free_pages_, usage_};
+}
+
 size_t SlotAllocator::free_extents() const {
   absl::MutexLock lock(&mu_);
   return free_.size();

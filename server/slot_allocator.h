@@ -82,6 +82,14 @@ class SlotAllocator {
   absl::flat_hash_map<OwnerTag, uint64_t> UsageByOwner() const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Free pages and pages per owner, read together: free + the sum of the
+  // usage is num_pages().
+  struct Occupancy {
+    uint64_t free_pages = 0;
+    absl::flat_hash_map<OwnerTag, uint64_t> usage;
+  };
+  Occupancy Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Number of free extents (a fragmentation measure).
   size_t free_extents() const ABSL_LOCKS_EXCLUDED(mu_);
 

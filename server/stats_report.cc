@@ -1,6 +1,9 @@
 #include "server/stats_report.h"
 
 #include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace hostkv {
 
@@ -9,7 +12,9 @@ void FillPoolStats(const HostPool& pool,
                    v1::PoolStats* stats) {
   const PoolGeometry& g = pool.geometry();
   const SlotAllocator& alloc = pool.allocator();
-  const uint64_t free_pages = alloc.free_pages();
+  // One snapshot, so that the sessions' pages add up to the used pages.
+  const SlotAllocator::Occupancy occupancy = alloc.Snapshot();
+  const uint64_t free_pages = occupancy.free_pages;
   const uint64_t used_pages = alloc.num_pages() - free_pages;
   stats->set_name(pool.name());
   stats->set_layout(pool.info().spec().layout());
@@ -27,20 +32,33 @@ void FillPoolStats(const HostPool& pool,
   stats->set_free_bytes(free_pages * g.page_bytes());
   stats->set_loads(pool.completed_loads());
   stats->set_backups(pool.completed_backups());
-  const auto usage = alloc.UsageByOwner();
+  absl::flat_hash_map<OwnerTag, const Session*> by_tag;
   for (const std::shared_ptr<Session>& session : sessions) {
-    auto it = usage.find(session->tag());
-    const uint64_t pages = it == usage.end() ? 0 : it->second;
+    by_tag[session->tag()] = session.get();
+  }
+  auto add = [&](OwnerTag tag, const std::string& name, uint64_t pages,
+                 uint32_t imports) {
+    v1::SessionUsage* su = stats->add_sessions();
+    su->set_session_number(tag);
+    su->set_client_name(name);
+    su->set_pages(pages);
+    su->set_bytes(pages * g.page_bytes());
+    su->set_imports(imports);
+  };
+  for (const std::shared_ptr<Session>& session : sessions) {
+    auto it = occupancy.usage.find(session->tag());
+    const uint64_t pages = it == occupancy.usage.end() ? 0 : it->second;
     const auto imports = session->ImportsByPool();
     auto imp = imports.find(pool.name());
     const uint32_t import_count = imp == imports.end() ? 0 : imp->second;
-    if (pages == 0 && import_count == 0) continue;
-    v1::SessionUsage* su = stats->add_sessions();
-    su->set_session_number(session->tag());
-    su->set_client_name(session->client_name());
-    su->set_pages(pages);
-    su->set_bytes(pages * g.page_bytes());
-    su->set_imports(import_count);
+    if (pages != 0 || import_count != 0) {
+      add(session->tag(), session->client_name(), pages, import_count);
+    }
+  }
+  // Pages of sessions that are ending right now (out of the registry, their
+  // pages not yet freed).
+  for (const auto& [tag, pages] : occupancy.usage) {
+    if (!by_tag.contains(tag)) add(tag, "(ending)", pages, 0);
   }
 }
 
