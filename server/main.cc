@@ -81,7 +81,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT serving Prometheus /metrics (e.g. 0.0.0.0:9464); empty = "
           "no metrics endpoint");
 ABSL_FLAG(int, copy_threads, 0,
-          "threads copying pages on the CPU backend (0 = one per core)");
+          "threads copying pages on the CPU backend (0 = one per core but "
+          "one, which is left to the gRPC threads)");
 ABSL_FLAG(int, signal_records, 256,
           "completion records per session: the most operations one session "
           "may have in flight");
@@ -177,8 +178,11 @@ absl::StatusOr<DaemonOptions> ReadOptions() {
     return absl::InvalidArgumentError("--signal_records must be in [1, 65536]");
   }
   const int threads = absl::GetFlag(FLAGS_copy_threads);
+  // Copies saturate memory bandwidth with few threads; a core left free keeps
+  // the replies and the layer signals from waiting for a CPU.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   o.copy_threads = threads > 0 ? static_cast<unsigned>(threads)
-                               : std::max(1u, std::thread::hardware_concurrency());
+                               : std::max(1u, cores - 1);
   return o;
 }
 
