@@ -3,7 +3,8 @@
 set -euo pipefail
 PACKAGES=(cmake g++ make libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libspdlog-dev libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev grpc-proto prometheus-cpp-dev python3-yaml python3-grpcio python3-protobuf python3-grpc-tools)
+  libbenchmark-dev grpc-proto prometheus-cpp-dev python3-yaml python3-grpcio python3-protobuf python3-grpc-tools
+  clang libclang-rt-14-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

@@ -19,16 +19,21 @@
 //     an open session, and each session owns exactly the pages the model
 //     says;
 //   - answers agree with the model: Alloc returns pages that were free,
-//     Free/CloseSession report what was owned, a request the contract says
-//     must succeed does (only when no copy is in flight);
+//     Free/HandOverPages/CloseSession report what was listed or owned, a
+//     request the contract says must succeed does (only when no copy is in
+//     flight), GetPoolStats matches the model;
+//   - shm buffers are accepted only from sessions attached by a peer whose
+//     uid owns the segment (or root), and only inside the segment;
 //   - WritePages then ReadPages gives the same bytes back; Backup then Load
 //     gives the device rows back; GetPageBufferMeta pieces lie inside the
-//     pool and add up to the pages' bytes.
+//     pool and add up to the pages' bytes; after the copies are done every
+//     owned page is readable (no pin left behind).
 // A violated check prints what and aborts, which libFuzzer saves as a crash.
 //
 // Every input starts from the same state (two base pools, two attached
-// sessions owning a few pages, three device-buffer registrations), so a
-// saved crash reproduces on its own.
+// sessions owning a few pages, three device-buffer registrations) and ends
+// by closing every session and deleting the pools it created, so a saved
+// crash reproduces on its own.
 // Copies run on the engine's threads; after a transfer the harness normally
 // waits for the session's signal board to go idle, and now and then lets up
 // to kMaxOutstanding copies run on while the next requests come in.
@@ -77,17 +82,18 @@ const char* const kBasePools[] = {"p0", "p1"};
 const char* const kFuzzPools[] = {"f0", "f1", "f2"};
 
 [[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "request_fuzzer: invariant violated: %s\n", what.c_str());
+  std::fprintf(stderr, "request_fuzzer: invariant violated: %s\n",
+               what.c_str());
   std::fflush(stderr);
   std::abort();
 }
 
-#define FUZZ_CHECK(cond, ...)                                            \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      Die(absl::StrCat(__FILE__, ":", __LINE__, ": ", #cond, ": ",       \
-                       ##__VA_ARGS__));                                  \
-    }                                                                    \
+#define FUZZ_CHECK(cond, ...)                                      \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      Die(absl::StrCat(__FILE__, ":", __LINE__, ": ", #cond, ": ", \
+                       ##__VA_ARGS__));                            \
+    }                                                              \
   } while (0)
 
 RequestLimits MakeLimits(const std::string& prefix) {
@@ -139,7 +145,7 @@ struct SessionModel {
   uint64_t id = 0;
   OwnerTag tag = kNoOwner;
   bool attached = false;
-  uint32_t uid = 0;  // of the attached peer
+  uint32_t uid = 0;                                 // of the attached peer
   std::map<std::string, std::set<uint64_t>> pages;  // pool -> owned pages
   std::vector<ImportModel> imports;
   uint64_t TotalPages() const {
@@ -149,9 +155,11 @@ struct SessionModel {
   }
 };
 
-std::vector<PageRun> ToRuns(const google::protobuf::RepeatedPtrField<v1::PageRun>& in) {
+std::vector<PageRun> ToRuns(
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& in) {
   std::vector<PageRun> out;
-  for (const v1::PageRun& r : in) out.push_back({r.first_page(), r.num_pages()});
+  for (const v1::PageRun& r : in)
+    out.push_back({r.first_page(), r.num_pages()});
   return out;
 }
 
@@ -169,8 +177,9 @@ class Harness {
     auto big = ShmSegment::Create(dev + "big", kDeviceBytes, 0600);
     auto small = ShmSegment::Create(dev + "small", kSmallDeviceBytes, 0600);
     if (!big.ok() || !small.ok()) {
-      Die(absl::StrCat("cannot create device segments: ", big.status().ToString(),
-                       " / ", small.status().ToString()));
+      Die(absl::StrCat(
+          "cannot create device segments: ", big.status().ToString(), " / ",
+          small.status().ToString()));
     }
     device_ = std::move(*big);
     small_device_ = std::move(*small);
@@ -182,7 +191,7 @@ class Harness {
   }
 
   void RunOne(const uint8_t* data, size_t size) {
-    Reset();
+    SetUp();
     FuzzedDataProvider fdp(data, size);
     fdp_ = &fdp;
     for (int i = 0; i < kMaxOps && fdp.remaining_bytes() > 0; ++i) {
@@ -193,14 +202,34 @@ class Harness {
     CheckInvariants();
     CheckOwnedPagesReadable();
     fdp_ = nullptr;
+    // Ending the sessions is part of this input: a failure there is saved
+    // with the input that caused it.
+    TearDown();
   }
 
  private:
   enum Op : uint8_t {
-    kAlloc, kFree, kLoad, kBackup, kReadPages, kWritePages,
-    kGetPageBufferMeta, kRegister, kUnregister, kCreatePool, kDeletePool,
-    kOpenSession, kCloseSession, kGetPoolStats, kGetPool, kListPools,
-    kRoundTrip, kHandOver, kRenewSession, kAttachSession, kExpireIdle,
+    kAlloc,
+    kFree,
+    kLoad,
+    kBackup,
+    kReadPages,
+    kWritePages,
+    kGetPageBufferMeta,
+    kRegister,
+    kUnregister,
+    kCreatePool,
+    kDeletePool,
+    kOpenSession,
+    kCloseSession,
+    kGetPoolStats,
+    kGetPool,
+    kListPools,
+    kRoundTrip,
+    kHandOver,
+    kRenewSession,
+    kAttachSession,
+    kExpireIdle,
     kOpCount
   };
 
@@ -215,20 +244,34 @@ class Harness {
 
   void Dispatch(int op) {
     switch (op) {
-      case kAlloc: return DoAlloc();
-      case kFree: return DoFree();
-      case kLoad: return DoTransfer(/*load=*/true);
-      case kBackup: return DoTransfer(/*load=*/false);
-      case kReadPages: return DoReadPages();
-      case kWritePages: return DoWritePages();
-      case kGetPageBufferMeta: return DoGetPageBufferMeta();
-      case kRegister: return DoRegister();
-      case kUnregister: return DoUnregister();
-      case kCreatePool: return DoCreatePool();
-      case kDeletePool: return DoDeletePool();
-      case kOpenSession: return DoOpenSession();
-      case kCloseSession: return DoCloseSession();
-      case kGetPoolStats: return DoGetPoolStats();
+      case kAlloc:
+        return DoAlloc();
+      case kFree:
+        return DoFree();
+      case kLoad:
+        return DoTransfer(/*load=*/true);
+      case kBackup:
+        return DoTransfer(/*load=*/false);
+      case kReadPages:
+        return DoReadPages();
+      case kWritePages:
+        return DoWritePages();
+      case kGetPageBufferMeta:
+        return DoGetPageBufferMeta();
+      case kRegister:
+        return DoRegister();
+      case kUnregister:
+        return DoUnregister();
+      case kCreatePool:
+        return DoCreatePool();
+      case kDeletePool:
+        return DoDeletePool();
+      case kOpenSession:
+        return DoOpenSession();
+      case kCloseSession:
+        return DoCloseSession();
+      case kGetPoolStats:
+        return DoGetPoolStats();
       case kGetPool: {
         v1::GetPoolRequest r;
         r.set_name(PickPoolName());
@@ -238,11 +281,14 @@ class Harness {
       case kListPools: {
         auto r = handler_.ListPools(v1::ListPoolsRequest());
         Note(r.ok());
-        FUZZ_CHECK(r.ok() && r->pools_size() == static_cast<int>(pools_.List().size()));
+        FUZZ_CHECK(r.ok() &&
+                   r->pools_size() == static_cast<int>(pools_.List().size()));
         return;
       }
-      case kRoundTrip: return DoRoundTrip();
-      case kHandOver: return DoHandOver();
+      case kRoundTrip:
+        return DoRoundTrip();
+      case kHandOver:
+        return DoHandOver();
       case kRenewSession: {
         v1::RenewSessionRequest r;
         r.set_session_id(PickSessionId());
@@ -252,21 +298,39 @@ class Harness {
                    "RenewSession: ", s.status().ToString());
         return;
       }
-      case kAttachSession: return DoAttachSession();
-      case kExpireIdle: return DoExpireIdle();
-      default: return;
+      case kAttachSession:
+        return DoAttachSession();
+      case kExpireIdle:
+        return DoExpireIdle();
+      default:
+        return;
     }
   }
 
   // With HOSTKV_FUZZ_STATS set: how often each request ran and succeeded
   // (to see whether inputs reach the interesting paths).
   void PrintStats() const {
-    static const char* const kNames[] = {
-        "Alloc", "Free", "Load", "Backup", "ReadPages", "WritePages",
-        "GetPageBufferMeta", "RegisterDeviceBuffers", "UnregisterDeviceBuffers",
-        "CreatePool", "DeletePool", "OpenSession", "CloseSession",
-        "GetPoolStats", "GetPool", "ListPools", "RoundTrip", "HandOverPages",
-        "RenewSession", "AttachSession", "ExpireIdleSessions"};
+    static const char* const kNames[] = {"Alloc",
+                                         "Free",
+                                         "Load",
+                                         "Backup",
+                                         "ReadPages",
+                                         "WritePages",
+                                         "GetPageBufferMeta",
+                                         "RegisterDeviceBuffers",
+                                         "UnregisterDeviceBuffers",
+                                         "CreatePool",
+                                         "DeletePool",
+                                         "OpenSession",
+                                         "CloseSession",
+                                         "GetPoolStats",
+                                         "GetPool",
+                                         "ListPools",
+                                         "RoundTrip",
+                                         "HandOverPages",
+                                         "RenewSession",
+                                         "AttachSession",
+                                         "ExpireIdleSessions"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
     std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
     for (int op = 0; op < kOpCount; ++op) {
@@ -289,33 +353,40 @@ class Harness {
     outstanding_ = 0;
   }
 
-  void Reset() {
+  // Closes every session and deletes the pools the input created.
+  void TearDown() {
     Quiesce();
     while (!live_.empty()) CloseLive(live_.size() - 1, /*expect_ok=*/true);
     closed_ids_.clear();
+    CheckInvariants();
     for (const auto& pool : pools_.List()) {
       if (IsBasePool(pool->name())) continue;
       v1::DeletePoolRequest r;
       r.set_name(pool->name());
       auto s = handler_.DeletePool(r);
       Note(s.ok());
-      FUZZ_CHECK(s.ok(), "reset: delete pool ", pool->name(), ": ",
+      FUZZ_CHECK(s.ok(), "teardown: delete pool ", pool->name(), ": ",
                  s.status().ToString());
     }
+  }
+
+  // The state every input starts from.
+  void SetUp() {
+    FUZZ_CHECK(live_.empty() && sessions_.List().empty());
     for (int i = 0; i < 2; ++i) {
       if (pools_.Get(kBasePools[i]).ok()) continue;
       v1::CreatePoolRequest r;
       *r.mutable_spec() = BaseSpec(i);
       auto s = handler_.CreatePool(r);
       Note(s.ok());
-      FUZZ_CHECK(s.ok(), "reset: create base pool: ", s.status().ToString());
+      FUZZ_CHECK(s.ok(), "setup: create base pool: ", s.status().ToString());
     }
     for (int i = 0; i < 2; ++i) {
       v1::OpenSessionRequest r;
       r.set_client_name(i == 0 ? "alice" : "bob");
       auto s = handler_.OpenSession(r);
       Note(s.ok());
-      FUZZ_CHECK(s.ok(), "reset: open session: ", s.status().ToString());
+      FUZZ_CHECK(s.ok(), "setup: open session: ", s.status().ToString());
       AddLive(s->session_id());
       FUZZ_CHECK(Attach(live_.back().id, geteuid()).ok());
     }
@@ -378,9 +449,10 @@ class Harness {
     r.set_pool(pool);
     r.set_num_tokens(pages * FindPool(pool)->geometry().page_size);
     auto s = handler_.Alloc(r);
-    FUZZ_CHECK(s.ok(), "reset: alloc: ", s.status().ToString());
+    FUZZ_CHECK(s.ok(), "setup: alloc: ", s.status().ToString());
     for (const v1::PageRun& run : s->pages()) {
-      for (uint64_t p = run.first_page(); p < run.first_page() + run.num_pages(); ++p) {
+      for (uint64_t p = run.first_page();
+           p < run.first_page() + run.num_pages(); ++p) {
         live_[live_index].pages[pool].insert(p);
       }
     }
@@ -427,7 +499,8 @@ class Harness {
       FUZZ_CHECK(s->pages_freed() == m.TotalPages(), "close freed ",
                  s->pages_freed(), " pages, model says ", m.TotalPages());
       FUZZ_CHECK(s->imports_closed() == m.imports.size(), "close closed ",
-                 s->imports_closed(), " imports, model says ", m.imports.size());
+                 s->imports_closed(), " imports, model says ",
+                 m.imports.size());
     }
     live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(index));
     closed_ids_.push_back(m.id);
@@ -450,7 +523,8 @@ class Harness {
                    " pages owned by tag ", tag, ", which is no open session");
       }
       FUZZ_CHECK(free_pages + used == a.num_pages(), "pool ", pool->name(),
-                 ": free ", free_pages, " + used ", used, " != ", a.num_pages());
+                 ": free ", free_pages, " + used ", used,
+                 " != ", a.num_pages());
       for (const SessionModel& s : live_) {
         auto it = s.pages.find(pool->name());
         const uint64_t want = it == s.pages.end() ? 0 : it->second.size();
@@ -467,8 +541,8 @@ class Harness {
       for (const auto& [pool_name, pages] : s.pages) {
         auto pool = pools_.Get(pool_name);
         FUZZ_CHECK(pool.ok(), "pool ", pool_name, " with owned pages is gone");
-        const uint64_t per_call =
-            std::max<uint64_t>(1, kMaxPageIoBytes / (*pool)->geometry().page_bytes());
+        const uint64_t per_call = std::max<uint64_t>(
+            1, kMaxPageIoBytes / (*pool)->geometry().page_bytes());
         std::vector<uint64_t> list(pages.begin(), pages.end());
         for (size_t i = 0; i < list.size(); i += per_call) {
           v1::ReadPagesRequest r;
@@ -496,30 +570,46 @@ class Harness {
   // A value of interest next to `n` (a page count, slot count, size...).
   uint64_t PickU64(uint64_t n) {
     switch (fdp_->ConsumeIntegralInRange<int>(0, 15)) {
-      case 0: return 0;
-      case 1: return 1;
-      case 2: return n == 0 ? 0 : n - 1;
-      case 3: return n;
-      case 4: return n + 1;
-      case 5: return kU64Max;
-      case 6: return kU64Max - fdp_->ConsumeIntegralInRange<uint64_t>(0, 8);
-      case 7: return kU64Max - n + 1;  // n + this wraps to 0
-      case 8: return uint64_t{1} << 63;
-      case 9: return std::numeric_limits<uint32_t>::max();
-      case 10: return uint64_t{1} << fdp_->ConsumeIntegralInRange<int>(0, 63);
-      case 11: return fdp_->ConsumeIntegral<uint64_t>();
-      default: return fdp_->ConsumeIntegralInRange<uint64_t>(0, n + 2);
+      case 0:
+        return 0;
+      case 1:
+        return 1;
+      case 2:
+        return n == 0 ? 0 : n - 1;
+      case 3:
+        return n;
+      case 4:
+        return n + 1;
+      case 5:
+        return kU64Max;
+      case 6:
+        return kU64Max - fdp_->ConsumeIntegralInRange<uint64_t>(0, 8);
+      case 7:
+        return kU64Max - n + 1;  // n + this wraps to 0
+      case 8:
+        return uint64_t{1} << 63;
+      case 9:
+        return std::numeric_limits<uint32_t>::max();
+      case 10:
+        return uint64_t{1} << fdp_->ConsumeIntegralInRange<int>(0, 63);
+      case 11:
+        return fdp_->ConsumeIntegral<uint64_t>();
+      default:
+        return fdp_->ConsumeIntegralInRange<uint64_t>(0, n + 2);
     }
   }
 
   // True with probability 1/n; false once the input is used up, so that the
   // tail of an input decodes to well-formed requests rather than odd ones.
-  bool OneIn(int n) { return fdp_->ConsumeIntegralInRange<int>(0, n - 1) == n - 1; }
+  bool OneIn(int n) {
+    return fdp_->ConsumeIntegralInRange<int>(0, n - 1) == n - 1;
+  }
 
   // Index into live_, or -1.
   int PickLiveIndex() {
     if (live_.empty()) return -1;
-    return static_cast<int>(fdp_->ConsumeIntegralInRange<size_t>(0, live_.size() - 1));
+    return static_cast<int>(
+        fdp_->ConsumeIntegralInRange<size_t>(0, live_.size() - 1));
   }
 
   uint64_t PickSessionId() {
@@ -528,10 +618,14 @@ class Harness {
       return live_[sel % live_.size()].id;
     }
     switch (sel % 4) {
-      case 0: return 0;
-      case 1: return closed_ids_.empty() ? 1 : closed_ids_[sel % closed_ids_.size()];
-      case 2: return live_.empty() ? 2 : live_[0].id ^ 1;
-      default: return fdp_->ConsumeIntegral<uint64_t>();
+      case 0:
+        return 0;
+      case 1:
+        return closed_ids_.empty() ? 1 : closed_ids_[sel % closed_ids_.size()];
+      case 2:
+        return live_.empty() ? 2 : live_[0].id ^ 1;
+      default:
+        return fdp_->ConsumeIntegral<uint64_t>();
     }
   }
 
@@ -540,45 +634,60 @@ class Harness {
     const auto pools = pools_.List();
     if (sel < 200 && !pools.empty()) return pools[sel % pools.size()]->name();
     switch (sel % 6) {
-      case 0: return kFuzzPools[sel % 3];
-      case 1: return "";
-      case 2: return "nope";
-      case 3: return std::string(65, 'x');
-      case 4: return "a/b";
-      default: return fdp_->ConsumeRandomLengthString(80);
+      case 0:
+        return kFuzzPools[sel % 3];
+      case 1:
+        return "";
+      case 2:
+        return "nope";
+      case 3:
+        return std::string(65, 'x');
+      case 4:
+        return "a/b";
+      default:
+        return fdp_->ConsumeRandomLengthString(80);
     }
   }
 
   // Page runs for `session` in `pool`: usually pages the model says it owns
   // (contiguous owned stretches), sometimes anything.
+  // With `max_pages`, owned runs stop there (a transfer's device buffers
+  // hold only so many rows).
   std::vector<PageRun> PickPageRuns(const SessionModel* session,
                                     const std::string& pool_name,
-                                    uint64_t num_pages) {
+                                    uint64_t num_pages,
+                                    uint64_t max_pages = UINT64_MAX) {
     std::vector<PageRun> runs;
     const std::set<uint64_t>* owned = nullptr;
     if (session != nullptr) {
       auto it = session->pages.find(pool_name);
-      if (it != session->pages.end() && !it->second.empty()) owned = &it->second;
+      if (it != session->pages.end() && !it->second.empty())
+        owned = &it->second;
     }
     const uint8_t mode = fdp_->ConsumeIntegral<uint8_t>();
-    const int count = fdp_->ConsumeIntegralInRange<int>(mode % 16 == 15 ? 0 : 1, 4);
+    const int count =
+        fdp_->ConsumeIntegralInRange<int>(mode % 16 == 15 ? 0 : 1, 4);
     if (owned != nullptr && mode < 208) {
       std::vector<uint64_t> list(owned->begin(), owned->end());
       std::set<uint64_t> used;
-      for (int i = 0; i < count; ++i) {
+      uint64_t total = 0;
+      for (int i = 0; i < count && total < max_pages; ++i) {
         size_t at = fdp_->ConsumeIntegralInRange<size_t>(0, list.size() - 1);
         if (used.count(list[at]) && !OneIn(8)) continue;  // mostly no repeats
         const uint64_t first = list[at];
         uint64_t n = 1;
-        const uint64_t want = fdp_->ConsumeIntegralInRange<uint64_t>(1, 16);
+        const uint64_t want = std::min<uint64_t>(
+            fdp_->ConsumeIntegralInRange<uint64_t>(1, 16), max_pages - total);
         while (n < want && at + n < list.size() && list[at + n] == first + n &&
                !used.count(first + n)) {
           ++n;
         }
         for (uint64_t p = first; p < first + n; ++p) used.insert(p);
         runs.push_back({first, n});
+        total += n;
       }
-      if (OneIn(16) && !runs.empty()) runs.back().num_pages += 1;  // one too far
+      if (OneIn(16) && !runs.empty())
+        runs.back().num_pages += 1;  // one too far
       return runs;
     }
     for (int i = 0; i < count; ++i) {
@@ -597,8 +706,8 @@ class Harness {
   }
 
   // The pages `runs` cover, if they are all in range and distinct.
-  static bool DistinctPages(const std::vector<PageRun>& runs, uint64_t num_pages,
-                            std::vector<uint64_t>* pages) {
+  static bool DistinctPages(const std::vector<PageRun>& runs,
+                            uint64_t num_pages, std::vector<uint64_t>* pages) {
     std::set<uint64_t> seen;
     for (const PageRun& r : runs) {
       if (r.num_pages == 0 || r.first_page >= num_pages ||
@@ -642,7 +751,8 @@ class Harness {
       r.set_num_tokens(PickU64(free_pages * page_size));
     } else {
       r.set_num_tokens(page_size *
-                       fdp_->ConsumeIntegralInRange<uint64_t>(1, std::min<uint64_t>(free_pages + 1, 64)));
+                       fdp_->ConsumeIntegralInRange<uint64_t>(
+                           1, std::min<uint64_t>(free_pages + 1, 64)));
     }
     auto s = handler_.Alloc(r);
     Note(s.ok());
@@ -658,7 +768,8 @@ class Harness {
     }
     FUZZ_CHECK(valid, "Alloc accepted an invalid request: ", r.DebugString());
     std::vector<uint64_t> pages;
-    FUZZ_CHECK(DistinctPages(ToRuns(s->pages()), pool->allocator().num_pages(), &pages),
+    FUZZ_CHECK(DistinctPages(ToRuns(s->pages()), pool->allocator().num_pages(),
+                             &pages),
                "Alloc returned bad runs: ", s->DebugString());
     FUZZ_CHECK(pages.size() == r.num_tokens() / page_size, "Alloc returned ",
                pages.size(), " pages for ", r.num_tokens(), " tokens");
@@ -688,14 +799,15 @@ class Harness {
     auto s = handler_.Free(r);
     Note(s.ok());
     if (!s.ok()) {
-      FUZZ_CHECK(!(owned && outstanding_ == 0), "Free of owned idle pages refused: ",
-                 s.status().ToString(), " request ", r.ShortDebugString());
+      FUZZ_CHECK(!(owned && outstanding_ == 0),
+                 "Free of owned idle pages refused: ", s.status().ToString(),
+                 " request ", r.ShortDebugString());
       return;
     }
     FUZZ_CHECK(owned, "Free accepted pages the session does not own: ",
                r.ShortDebugString());
-    FUZZ_CHECK(s->pages_freed() == pages.size(), "Free freed ", s->pages_freed(),
-               " of ", pages.size());
+    FUZZ_CHECK(s->pages_freed() == pages.size(), "Free freed ",
+               s->pages_freed(), " of ", pages.size());
     for (uint64_t p : pages) m->pages[r.pool()].erase(p);
   }
 
@@ -705,7 +817,8 @@ class Harness {
     std::vector<SlotSpan> runs;
     if (OneIn(6) || tokens == 0 || slots == 0) {
       const int count = fdp_->ConsumeIntegralInRange<int>(0, 3);
-      for (int i = 0; i < count; ++i) runs.push_back({PickU64(slots), PickU64(tokens)});
+      for (int i = 0; i < count; ++i)
+        runs.push_back({PickU64(slots), PickU64(tokens)});
       return runs;
     }
     // Split tokens into up to 3 pieces, placed one after another from a
@@ -713,7 +826,8 @@ class Harness {
     uint64_t left = tokens;
     uint64_t at = fdp_->ConsumeIntegralInRange<uint64_t>(0, slots - 1);
     for (int i = 0; i < 3 && left > 0; ++i) {
-      uint64_t n = i == 2 ? left : fdp_->ConsumeIntegralInRange<uint64_t>(1, left);
+      uint64_t n =
+          i == 2 ? left : fdp_->ConsumeIntegralInRange<uint64_t>(1, left);
       n = std::min(n, slots - at);
       runs.push_back({at, n});
       left -= n;
@@ -724,7 +838,8 @@ class Harness {
     return runs;
   }
 
-  const ImportModel* PickImport(const SessionModel* m, const std::string& pool) {
+  const ImportModel* PickImport(const SessionModel* m,
+                                const std::string& pool) {
     if (m == nullptr) return nullptr;
     std::vector<const ImportModel*> match;
     for (const ImportModel& i : m->imports) {
@@ -749,11 +864,18 @@ class Harness {
       import = nullptr;
     }
     const uint64_t num_pages = pool ? pool->allocator().num_pages() : 100;
-    const std::vector<PageRun> runs = PickPageRuns(m, r->pool(), num_pages);
+    uint64_t max_pages = UINT64_MAX;
+    if (import != nullptr && pool != nullptr && !OneIn(8)) {
+      max_pages = std::max<uint64_t>(
+          1, import->token_slots / pool->geometry().page_size);
+    }
+    const std::vector<PageRun> runs =
+        PickPageRuns(m, r->pool(), num_pages, max_pages);
     SetRuns(runs, r->mutable_host_pages());
     uint64_t tokens = 0;
     if (pool != nullptr && DistinctPages(runs, num_pages, nullptr)) {
-      for (const PageRun& run : runs) tokens += run.num_pages * pool->geometry().page_size;
+      for (const PageRun& run : runs)
+        tokens += run.num_pages * pool->geometry().page_size;
     }
     const uint64_t slots = import ? import->token_slots : kMaxDeviceSlots;
     for (const SlotSpan& span : PickDeviceRuns(tokens, slots)) {
@@ -771,7 +893,8 @@ class Harness {
       r->set_layer_end(fdp_->ConsumeIntegralInRange<uint32_t>(b + 1, layers));
     }
     const uint8_t mech = fdp_->ConsumeIntegral<uint8_t>();
-    r->set_mechanism(static_cast<v1::CopyMechanism>(mech < 250 ? mech % 3 : mech));
+    r->set_mechanism(
+        static_cast<v1::CopyMechanism>(mech < 250 ? mech % 3 : mech));
     // The flat (first, count) pair forms of the same runs, as the client
     // library sends them; now and then both forms, or an odd count.
     const uint8_t form = fdp_->ConsumeIntegral<uint8_t>();
@@ -780,16 +903,16 @@ class Harness {
         r->add_host_page_pairs(run.first_page());
         r->add_host_page_pairs(run.num_pages());
       }
-      if (!(form & 4)) r->clear_host_pages();
+      if (form < 224) r->clear_host_pages();  // else both forms: refused
     }
     if (form & 2) {
       for (const v1::SlotRun& run : r->device_slots()) {
         r->add_device_slot_pairs(run.first_slot());
         r->add_device_slot_pairs(run.num_slots());
       }
-      if (!(form & 8)) r->clear_device_slots();
+      if (form < 224) r->clear_device_slots();
     }
-    if (form >= 240) {
+    if (form >= 248) {  // an odd number of values
       r->add_host_page_pairs(PickU64(num_pages));
       r->add_device_slot_pairs(PickU64(slots));
     }
@@ -830,10 +953,14 @@ class Harness {
     auto pool = FindPool(r.pool());
     FUZZ_CHECK(r.host_pages_size() == 0 || r.host_page_pairs_size() == 0);
     FUZZ_CHECK(r.device_slots_size() == 0 || r.device_slot_pairs_size() == 0);
-    FUZZ_CHECK(r.host_page_pairs_size() % 2 == 0 && r.device_slot_pairs_size() % 2 == 0);
-    FUZZ_CHECK(pool && DistinctPages(HostRuns(r), pool->allocator().num_pages(), &pages) &&
-                   AllOwned(m, r.pool(), pages),
-               "transfer accepted pages the session does not own: ", r.ShortDebugString());
+    FUZZ_CHECK(r.host_page_pairs_size() % 2 == 0 &&
+               r.device_slot_pairs_size() % 2 == 0);
+    FUZZ_CHECK(
+        pool &&
+            DistinctPages(HostRuns(r), pool->allocator().num_pages(), &pages) &&
+            AllOwned(m, r.pool(), pages),
+        "transfer accepted pages the session does not own: ",
+        r.ShortDebugString());
     FUZZ_CHECK(s->num_tokens() == pages.size() * pool->geometry().page_size);
     FUZZ_CHECK(s->signal_index() < kSignalRecords);
     AfterTransfer(r.session_id(), /*allow_running=*/true);
@@ -845,17 +972,21 @@ class Harness {
     r.set_pool(PickPoolName());
     const auto pool = FindPool(r.pool());
     const SessionModel* m = FindLive(r.session_id());
-    SetRuns(PickPageRuns(m, r.pool(), pool ? pool->allocator().num_pages() : 100),
-            r.mutable_pages());
+    SetRuns(
+        PickPageRuns(m, r.pool(), pool ? pool->allocator().num_pages() : 100),
+        r.mutable_pages());
     auto s = handler_.ReadPages(r);
     Note(s.ok());
     if (!s.ok()) return;
     FUZZ_CHECK(pool != nullptr && m != nullptr);
     uint64_t pages = 0;
     for (const v1::PageRun& run : r.pages()) {
-      FUZZ_CHECK(run.num_pages() != 0 && run.first_page() < pool->allocator().num_pages() &&
-                 run.num_pages() <= pool->allocator().num_pages() - run.first_page());
-      for (uint64_t p = run.first_page(); p < run.first_page() + run.num_pages(); ++p) {
+      FUZZ_CHECK(run.num_pages() != 0 &&
+                 run.first_page() < pool->allocator().num_pages() &&
+                 run.num_pages() <=
+                     pool->allocator().num_pages() - run.first_page());
+      for (uint64_t p = run.first_page();
+           p < run.first_page() + run.num_pages(); ++p) {
         FUZZ_CHECK(AllOwned(m, r.pool(), {p}), "ReadPages of unowned page ", p);
       }
       pages += run.num_pages();
@@ -874,20 +1005,29 @@ class Harness {
     SetRuns(runs, r.mutable_pages());
     uint64_t want = 0;
     std::vector<uint64_t> pages;
-    if (pool != nullptr && DistinctPages(runs, pool->allocator().num_pages(), &pages)) {
+    if (pool != nullptr &&
+        DistinctPages(runs, pool->allocator().num_pages(), &pages)) {
       want = pages.size() * pool->geometry().page_bytes();
     }
     uint64_t size = want;
     switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
-      case 5: size = want + 1; break;
-      case 6: size = want == 0 ? 0 : want - 1; break;
-      case 7: size = fdp_->ConsumeIntegralInRange<uint64_t>(0, 4096); break;
-      default: break;  // exact
+      case 5:
+        size = want + 1;
+        break;
+      case 6:
+        size = want == 0 ? 0 : want - 1;
+        break;
+      case 7:
+        size = fdp_->ConsumeIntegralInRange<uint64_t>(0, 4096);
+        break;
+      default:
+        break;  // exact
     }
     size = std::min<uint64_t>(size, 2 * kMaxPageIoBytes + 1);
     const uint8_t seed = fdp_->ConsumeIntegral<uint8_t>();
     std::string data(size, '\0');
-    for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<char>(seed + i * 131 + (i >> 8));
+    for (uint64_t i = 0; i < size; ++i)
+      data[i] = static_cast<char>(seed + i * 131 + (i >> 8));
     r.set_data(data);
     auto s = handler_.WritePages(r);
     Note(s.ok());
@@ -902,8 +1042,10 @@ class Harness {
     read.set_pool(r.pool());
     *read.mutable_pages() = r.pages();
     auto back = handler_.ReadPages(read);
-    FUZZ_CHECK(back.ok(), "ReadPages after WritePages: ", back.status().ToString());
-    FUZZ_CHECK(back->data() == data, "ReadPages did not return what WritePages wrote (",
+    FUZZ_CHECK(back.ok(),
+               "ReadPages after WritePages: ", back.status().ToString());
+    FUZZ_CHECK(back->data() == data,
+               "ReadPages did not return what WritePages wrote (",
                pool->info().spec().ShortDebugString(), ")");
   }
 
@@ -912,8 +1054,9 @@ class Harness {
     r.set_pool(PickPoolName());
     const auto pool = FindPool(r.pool());
     const SessionModel* m = live_.empty() ? nullptr : &live_[PickLiveIndex()];
-    SetRuns(PickPageRuns(m, r.pool(), pool ? pool->allocator().num_pages() : 100),
-            r.mutable_pages());
+    SetRuns(
+        PickPageRuns(m, r.pool(), pool ? pool->allocator().num_pages() : 100),
+        r.mutable_pages());
     auto s = handler_.GetPageBufferMeta(r);
     Note(s.ok());
     if (!s.ok()) return;
@@ -980,49 +1123,85 @@ class Harness {
   void Mangle(v1::RegisterDeviceBuffersRequest* r, const HostPool* pool) {
     auto* list = OneIn(2) || r->v_buffers_size() == 0 ? r->mutable_k_buffers()
                                                       : r->mutable_v_buffers();
-    v1::DeviceBuffer* b = list->empty() ? nullptr
-        : list->Mutable(fdp_->ConsumeIntegralInRange<int>(0, list->size() - 1));
+    v1::DeviceBuffer* b = list->empty()
+                              ? nullptr
+                              : list->Mutable(fdp_->ConsumeIntegralInRange<int>(
+                                    0, list->size() - 1));
     switch (fdp_->ConsumeIntegralInRange<int>(0, 11)) {
-      case 0: if (b) b->set_offset(PickU64(kDeviceBytes)); break;
-      case 1: if (b) b->set_size(PickU64(kDeviceBytes)); break;
+      case 0:
+        if (b) b->set_offset(PickU64(kDeviceBytes));
+        break;
+      case 1:
+        if (b) b->set_size(PickU64(kDeviceBytes));
+        break;
       case 2:
         if (b) {  // offset + size wraps
           b->set_offset(PickU64(kDeviceBytes));
-          b->set_size(kU64Max - b->offset() + 1 + fdp_->ConsumeIntegralInRange<uint64_t>(0, 64));
+          b->set_size(kU64Max - b->offset() + 1 +
+                      fdp_->ConsumeIntegralInRange<uint64_t>(0, 64));
         }
         break;
-      case 3: if (!list->empty()) list->RemoveLast(); break;
+      case 3:
+        if (!list->empty()) list->RemoveLast();
+        break;
       case 4: {
-        const v1::DeviceBuffer copy = list->empty() ? v1::DeviceBuffer() : list->Get(0);
+        const v1::DeviceBuffer copy =
+            list->empty() ? v1::DeviceBuffer() : list->Get(0);
         *list->Add() = copy;
         break;
       }
-      case 5: r->set_token_slots(PickU64(kMaxDeviceSlots)); break;
+      case 5:
+        r->set_token_slots(PickU64(kMaxDeviceSlots));
+        break;
       case 6:
         if (b) {
           switch (fdp_->ConsumeIntegralInRange<int>(0, 6)) {
-            case 0: b->set_shm_name(""); break;
-            case 1: b->set_shm_name("relative"); break;
-            case 2: b->set_shm_name("/.."); break;
-            case 3: b->set_shm_name(pool ? pool->info().segment_name() : prefix_ + "x"); break;
-            case 4: b->set_shm_name(small_device_.name()); break;
-            case 5: b->set_shm_name(absl::StrCat("/hostkv-fuzzdev.", getpid(), ".none")); break;
-            default: b->set_shm_name("/" + fdp_->ConsumeRandomLengthString(210)); break;
+            case 0:
+              b->set_shm_name("");
+              break;
+            case 1:
+              b->set_shm_name("relative");
+              break;
+            case 2:
+              b->set_shm_name("/..");
+              break;
+            case 3:
+              b->set_shm_name(pool ? pool->info().segment_name()
+                                   : prefix_ + "x");
+              break;
+            case 4:
+              b->set_shm_name(small_device_.name());
+              break;
+            case 5:
+              b->set_shm_name(
+                  absl::StrCat("/hostkv-fuzzdev.", getpid(), ".none"));
+              break;
+            default:
+              b->set_shm_name("/" + fdp_->ConsumeRandomLengthString(210));
+              break;
           }
         }
         break;
       case 7:
-        if (b) b->set_cuda_ipc_handle(std::string(OneIn(2) ? 64 : fdp_->ConsumeIntegralInRange<int>(0, 80), 'h'));
+        if (b)
+          b->set_cuda_ipc_handle(std::string(
+              OneIn(2) ? 64 : fdp_->ConsumeIntegralInRange<int>(0, 80), 'h'));
         break;
-      case 8: if (b) b->clear_handle(); break;
+      case 8:
+        if (b) b->clear_handle();
+        break;
       case 9:
         if (!live_.empty()) {  // another session's signal segment
           auto s = sessions_.Get(live_[0].id);
           if (s.ok() && b) b->set_shm_name((*s)->signals()->name());
         }
         break;
-      case 10: if (b) b->set_device(fdp_->ConsumeIntegral<int32_t>()); break;
-      default: r->set_token_slots(r->token_slots() + 1); break;
+      case 10:
+        if (b) b->set_device(fdp_->ConsumeIntegral<int32_t>());
+        break;
+      default:
+        r->set_token_slots(r->token_slots() + 1);
+        break;
     }
   }
 
@@ -1039,7 +1218,8 @@ class Harness {
       const uint64_t fit = kDeviceBytes / row_all;
       const uint64_t slots = fdp_->ConsumeIntegralInRange<uint64_t>(
           1, std::max<uint64_t>(1, std::min(fit, kMaxDeviceSlots)));
-      const uint64_t room = kDeviceBytes - std::min(kDeviceBytes, slots * row_all);
+      const uint64_t room =
+          kDeviceBytes - std::min(kDeviceBytes, slots * row_all);
       const uint64_t base = fdp_->ConsumeIntegralInRange<uint64_t>(0, room);
       BuildRegistration(*pool, slots, base, &r, &model);
       clean = slots * row_all <= kDeviceBytes;
@@ -1055,26 +1235,34 @@ class Harness {
     auto s = handler_.RegisterDeviceBuffers(r);
     Note(s.ok());
     if (!s.ok()) {
-      FUZZ_CHECK(!(clean && MayRegister(m)), "a well-formed registration was refused: ",
-                 s.status().ToString());
+      FUZZ_CHECK(
+          !(clean && MayRegister(m)),
+          "a well-formed registration was refused: ", s.status().ToString());
       return;
     }
-    FUZZ_CHECK(m != nullptr && pool != nullptr, "registration accepted for a closed session or pool");
+    FUZZ_CHECK(m != nullptr && pool != nullptr,
+               "registration accepted for a closed session or pool");
     FUZZ_CHECK(MayRegister(m), "shm registration accepted for a session ",
                m->attached ? "attached with a uid that does not own the segment"
                            : "that is not attached");
     // What was accepted must fit where it points.
     for (const auto* list : {&r.k_buffers(), &r.v_buffers()}) {
       for (const v1::DeviceBuffer& b : *list) {
-        FUZZ_CHECK(b.size() >= r.token_slots() * pool->geometry().token_stride());
+        FUZZ_CHECK(b.size() >=
+                   r.token_slots() * pool->geometry().token_stride());
         const uint64_t seg = b.shm_name() == device_.name() ? kDeviceBytes
-                             : b.shm_name() == small_device_.name() ? kSmallDeviceBytes : 0;
-        FUZZ_CHECK(seg != 0 && b.offset() <= seg && b.size() <= seg - b.offset(),
-                   "registration accepted a buffer outside its segment: ", b.ShortDebugString());
+                             : b.shm_name() == small_device_.name()
+                                 ? kSmallDeviceBytes
+                                 : 0;
+        FUZZ_CHECK(
+            seg != 0 && b.offset() <= seg && b.size() <= seg - b.offset(),
+            "registration accepted a buffer outside its segment: ",
+            b.ShortDebugString());
       }
     }
     for (const ImportModel& i : m->imports) {
-      FUZZ_CHECK(i.id != s->import_id(), "import id ", i.id, " handed out twice");
+      FUZZ_CHECK(i.id != s->import_id(), "import id ", i.id,
+                 " handed out twice");
     }
     if (!clean) {
       model = ImportModel();
@@ -1090,7 +1278,9 @@ class Harness {
     r.set_session_id(PickSessionId());
     SessionModel* m = FindLive(r.session_id());
     if (m != nullptr && !m->imports.empty() && !OneIn(4)) {
-      r.set_import_id(m->imports[fdp_->ConsumeIntegralInRange<size_t>(0, m->imports.size() - 1)].id);
+      r.set_import_id(m->imports[fdp_->ConsumeIntegralInRange<size_t>(
+                                     0, m->imports.size() - 1)]
+                          .id);
     } else {
       r.set_import_id(PickU64(4));
     }
@@ -1101,12 +1291,14 @@ class Harness {
       for (size_t i = 0; i < m->imports.size(); ++i) {
         if (m->imports[i].id != r.import_id()) continue;
         known = true;
-        if (s.ok()) m->imports.erase(m->imports.begin() + static_cast<std::ptrdiff_t>(i));
+        if (s.ok())
+          m->imports.erase(m->imports.begin() + static_cast<std::ptrdiff_t>(i));
         break;
       }
     }
     FUZZ_CHECK(s.ok() == known, "Unregister of import ", r.import_id(), ": ",
-               s.status().ToString(), ", model says ", known ? "known" : "unknown");
+               s.status().ToString(), ", model says ",
+               known ? "known" : "unknown");
   }
 
   void DoCreatePool() {
@@ -1120,7 +1312,8 @@ class Harness {
     } else {
       spec.set_name(sel < 240 ? kFuzzPools[sel % 3] : PickPoolName());
       auto* geo = spec.mutable_geometry();
-      geo->set_dtype(static_cast<v1::Dtype>(fdp_->ConsumeIntegralInRange<int>(0, 6)));
+      geo->set_dtype(
+          static_cast<v1::Dtype>(fdp_->ConsumeIntegralInRange<int>(0, 6)));
       auto small = [&](uint32_t max) {
         return OneIn(12) ? static_cast<uint32_t>(PickU64(max))
                          : fdp_->ConsumeIntegralInRange<uint32_t>(1, max);
@@ -1137,18 +1330,28 @@ class Harness {
         mla->set_qk_rope_head_dim(fdp_->ConsumeIntegralInRange<uint32_t>(0, 8));
       }
       static constexpr uint32_t kPageSizes[] = {1, 2, 3, 4, 8, 16};
-      spec.set_page_size(OneIn(12) ? static_cast<uint32_t>(PickU64(16))
-                                   : kPageSizes[fdp_->ConsumeIntegralInRange<int>(0, 5)]);
-      spec.set_layout(static_cast<v1::Layout>(fdp_->ConsumeIntegralInRange<int>(0, 6)));
+      spec.set_page_size(
+          OneIn(12) ? static_cast<uint32_t>(PickU64(16))
+                    : kPageSizes[fdp_->ConsumeIntegralInRange<int>(0, 5)]);
+      spec.set_layout(
+          static_cast<v1::Layout>(fdp_->ConsumeIntegralInRange<int>(0, 6)));
       switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
-        case 0: spec.set_capacity_bytes(PickU64(1 << 16)); break;
-        case 1: spec.set_capacity_tokens(PickU64(512)); break;
-        case 2: break;  // none
-        default: spec.set_capacity_tokens(fdp_->ConsumeIntegralInRange<uint64_t>(1, 512)); break;
+        case 0:
+          spec.set_capacity_bytes(PickU64(1 << 16));
+          break;
+        case 1:
+          spec.set_capacity_tokens(PickU64(512));
+          break;
+        case 2:
+          break;  // none
+        default:
+          spec.set_capacity_tokens(
+              fdp_->ConsumeIntegralInRange<uint64_t>(1, 512));
+          break;
       }
       if (OneIn(4)) spec.set_device_pool_tokens(PickU64(512));
-      spec.set_default_mechanism(
-          static_cast<v1::CopyMechanism>(fdp_->ConsumeIntegralInRange<int>(0, 4)));
+      spec.set_default_mechanism(static_cast<v1::CopyMechanism>(
+          fdp_->ConsumeIntegralInRange<int>(0, 4)));
       r.set_attach_if_exists(OneIn(2));
     }
     auto s = handler_.CreatePool(r);
@@ -1158,7 +1361,8 @@ class Harness {
     FUZZ_CHECK(pool != nullptr, "created pool ", spec.name(), " not found");
     const PoolGeometry& g = pool->geometry();
     FUZZ_CHECK(g.page_size != 0 && g.token_slots % g.page_size == 0 &&
-               s->num_pages() == g.num_pages() && s->total_bytes() == g.total_bytes() &&
+               s->num_pages() == g.num_pages() &&
+               s->total_bytes() == g.total_bytes() &&
                g.total_bytes() <= kBudgetBytes);
   }
 
@@ -1176,26 +1380,29 @@ class Harness {
     auto s = handler_.DeletePool(r);
     Note(s.ok());
     if (s.ok()) {
-      FUZZ_CHECK(existed && !in_use, "DeletePool of ", r.name(), " in use accepted");
+      FUZZ_CHECK(existed && !in_use, "DeletePool of ", r.name(),
+                 " in use accepted");
       for (SessionModel& m : live_) m.pages.erase(r.name());
     } else {
-      FUZZ_CHECK(!(existed && !in_use && engine_idle), "DeletePool of unused ", r.name(),
-                 " refused: ", s.status().ToString());
+      FUZZ_CHECK(!(existed && !in_use && engine_idle), "DeletePool of unused ",
+                 r.name(), " refused: ", s.status().ToString());
     }
   }
 
   void DoOpenSession() {
     v1::OpenSessionRequest r;
-    r.set_client_name(OneIn(8) ? std::string(fdp_->ConsumeIntegralInRange<size_t>(250, 300), 'c')
-                               : fdp_->ConsumeRandomLengthString(32));
+    r.set_client_name(
+        OneIn(8)
+            ? std::string(fdp_->ConsumeIntegralInRange<size_t>(250, 300), 'c')
+            : fdp_->ConsumeRandomLengthString(32));
     r.set_pid(fdp_->ConsumeIntegral<uint32_t>());
     if (live_.size() >= kMaxSessions) {
       CloseLive(0, /*expect_ok=*/true);
     }
     auto s = handler_.OpenSession(r);
     Note(s.ok());
-    FUZZ_CHECK(s.ok() == (r.client_name().size() <= 256), "OpenSession: ",
-               s.status().ToString());
+    FUZZ_CHECK(s.ok() == (r.client_name().size() <= 256),
+               "OpenSession: ", s.status().ToString());
     if (!s.ok()) return;
     FUZZ_CHECK(s->signal_slots() == kSignalRecords && s->session_id() != 0);
     FUZZ_CHECK(FindLive(s->session_id()) == nullptr, "session id reused");
@@ -1214,16 +1421,22 @@ class Harness {
     v1::CloseSessionRequest r;
     r.set_session_id(id);
     FUZZ_CHECK(!handler_.CloseSession(r).ok(), "closed unknown session ", id);
-    FUZZ_CHECK(!handler_.EndSession(id, "fuzz").ok(), "ended unknown session ", id);
+    FUZZ_CHECK(!handler_.EndSession(id, "fuzz").ok(), "ended unknown session ",
+               id);
   }
 
   void DoAttachSession() {
     const uint64_t id = PickSessionId();
     uint32_t uid = geteuid();
     switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
-      case 6: uid = 0; break;
-      case 7: uid = fdp_->ConsumeIntegral<uint32_t>(); break;
-      default: break;
+      case 6:
+        uid = 0;
+        break;
+      case 7:
+        uid = fdp_->ConsumeIntegral<uint32_t>();
+        break;
+      default:
+        break;
     }
     Note(Attach(id, uid).ok());
   }
@@ -1259,30 +1472,36 @@ class Harness {
     }
     // Pages listed (in range; repeats allowed) and whether `from` owns all.
     std::set<uint64_t> pages;
-    bool valid = from != nullptr && to != nullptr && pool != nullptr && !runs.empty();
+    bool valid =
+        from != nullptr && to != nullptr && pool != nullptr && !runs.empty();
     for (const PageRun& run : runs) {
       if (run.num_pages == 0 || run.first_page >= num_pages ||
           run.num_pages > num_pages - run.first_page) {
         valid = false;
         break;
       }
-      for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      for (uint64_t p = run.first_page; p < run.first_page + run.num_pages;
+           ++p) {
         pages.insert(p);
       }
     }
     if (valid) {
-      valid = AllOwned(from, r.pool(), std::vector<uint64_t>(pages.begin(), pages.end()));
+      valid = AllOwned(from, r.pool(),
+                       std::vector<uint64_t>(pages.begin(), pages.end()));
     }
     auto s = handler_.HandOverPages(r);
     Note(s.ok());
     if (!s.ok()) {
-      FUZZ_CHECK(!(valid && outstanding_ == 0), "HandOverPages refused: ",
-                 s.status().ToString(), " ", r.ShortDebugString());
+      FUZZ_CHECK(!(valid && outstanding_ == 0),
+                 "HandOverPages refused: ", s.status().ToString(), " ",
+                 r.ShortDebugString());
       return;
     }
     FUZZ_CHECK(valid, "HandOverPages accepted: ", r.ShortDebugString());
-    FUZZ_CHECK(s->pages() == pages.size(), "HandOverPages moved ", s->pages(),
-               " pages, listed ", pages.size());
+    // Pages listed twice move once; to the session itself nothing moves.
+    const uint64_t want = from == to ? 0 : pages.size();
+    FUZZ_CHECK(s->pages() == want, "HandOverPages moved ", s->pages(),
+               " pages, expected ", want);
     for (uint64_t p : pages) {
       from->pages[r.pool()].erase(p);
       to->pages[r.pool()].insert(p);
@@ -1298,7 +1517,8 @@ class Harness {
     FUZZ_CHECK(s->open_sessions() == live_.size());
     FUZZ_CHECK(s->memory_reserved_bytes() <= kBudgetBytes);
     for (const v1::PoolStats& p : s->pools()) {
-      FUZZ_CHECK(p.used_pages() + p.free_pages() == p.capacity_pages(), p.ShortDebugString());
+      FUZZ_CHECK(p.used_pages() + p.free_pages() == p.capacity_pages(),
+                 p.ShortDebugString());
       uint64_t model = 0;
       for (const SessionModel& m : live_) {
         auto it = m.pages.find(p.name());
@@ -1306,8 +1526,9 @@ class Harness {
       }
       uint64_t listed = 0;
       for (const v1::SessionUsage& u : p.sessions()) listed += u.pages();
-      FUZZ_CHECK(p.used_pages() == model && listed == model, "stats of ", p.name(),
-                 ": used ", p.used_pages(), " listed ", listed, " model ", model);
+      FUZZ_CHECK(p.used_pages() == model && listed == model, "stats of ",
+                 p.name(), ": used ", p.used_pages(), " listed ", listed,
+                 " model ", model);
     }
     FUZZ_CHECK(s->sessions_size() == static_cast<int>(live_.size()));
     for (const v1::SessionInfo& info : s->sessions()) {
@@ -1315,12 +1536,15 @@ class Harness {
       for (const SessionModel& l : live_) {
         if (l.tag == info.session_number()) m = &l;
       }
-      FUZZ_CHECK(m != nullptr, "stats list unknown session ", info.session_number());
-      FUZZ_CHECK(info.attached() == m->attached && info.pages() == m->TotalPages() &&
+      FUZZ_CHECK(m != nullptr, "stats list unknown session ",
+                 info.session_number());
+      FUZZ_CHECK(info.attached() == m->attached &&
+                     info.pages() == m->TotalPages() &&
                      info.imports() == m->imports.size() &&
                      (!m->attached || info.uid() == m->uid),
-                 "stats of session ", info.ShortDebugString(), " vs model: attached ",
-                 m->attached, " pages ", m->TotalPages(), " imports ", m->imports.size());
+                 "stats of session ", info.ShortDebugString(),
+                 " vs model: attached ", m->attached, " pages ",
+                 m->TotalPages(), " imports ", m->imports.size());
     }
   }
 
@@ -1333,10 +1557,12 @@ class Harness {
       if (!i.offsets[0].empty()) imports.push_back(&i);
     }
     if (imports.empty()) return;
-    const ImportModel& imp = *imports[fdp_->ConsumeIntegralInRange<size_t>(0, imports.size() - 1)];
+    const ImportModel& imp =
+        *imports[fdp_->ConsumeIntegralInRange<size_t>(0, imports.size() - 1)];
     auto pool = FindPool(imp.pool);
     auto owned = m.pages.find(imp.pool);
-    if (pool == nullptr || owned == m.pages.end() || owned->second.empty()) return;
+    if (pool == nullptr || owned == m.pages.end() || owned->second.empty())
+      return;
     const PoolGeometry& g = pool->geometry();
     Quiesce();
     // Host pages: a few owned pages, as many as the device rows allow.
@@ -1354,7 +1580,9 @@ class Harness {
     auto device_rows = [&](const std::vector<SlotSpan>& spans) {
       std::vector<uint64_t> rows;
       for (const SlotSpan& s : spans) {
-        for (uint64_t t = s.first; t < s.first + s.count && rows.size() <= tokens; ++t) rows.push_back(t);
+        for (uint64_t t = s.first;
+             t < s.first + s.count && rows.size() <= tokens; ++t)
+          rows.push_back(t);
       }
       return rows;
     };
@@ -1371,11 +1599,13 @@ class Harness {
       return true;
     };
     if (!in_range(src) || !in_range(dst)) return;
-    if (std::set<uint64_t>(dst_rows.begin(), dst_rows.end()).size() != tokens) return;
+    if (std::set<uint64_t>(dst_rows.begin(), dst_rows.end()).size() != tokens)
+      return;
 
-
-    const uint32_t lb = fdp_->ConsumeIntegralInRange<uint32_t>(0, g.num_layers - 1);
-    const uint32_t le = fdp_->ConsumeIntegralInRange<uint32_t>(lb + 1, g.num_layers);
+    const uint32_t lb =
+        fdp_->ConsumeIntegralInRange<uint32_t>(0, g.num_layers - 1);
+    const uint32_t le =
+        fdp_->ConsumeIntegralInRange<uint32_t>(lb + 1, g.num_layers);
     const uint64_t stride = g.token_stride();
     auto row = [&](uint32_t kv, uint32_t l, uint64_t t) {
       return device_.data() + imp.offsets[kv][l] + t * stride;
@@ -1407,7 +1637,8 @@ class Harness {
     r.set_import_id(imp.id);
     r.set_layer_begin(lb);
     r.set_layer_end(le);
-    r.set_mechanism(static_cast<v1::CopyMechanism>(fdp_->ConsumeIntegralInRange<int>(0, 2)));
+    r.set_mechanism(static_cast<v1::CopyMechanism>(
+        fdp_->ConsumeIntegralInRange<int>(0, 2)));
     SetRuns(runs, r.mutable_host_pages());
     for (const SlotSpan& s : src) {
       v1::SlotRun* d = r.add_device_slots();
@@ -1415,12 +1646,13 @@ class Harness {
       d->set_num_slots(s.count);
     }
     auto backup = handler_.Backup(r);
-    FUZZ_CHECK(backup.ok(), "round trip backup: ", backup.status().ToString(), " ",
-               r.ShortDebugString());
+    FUZZ_CHECK(backup.ok(), "round trip backup: ", backup.status().ToString(),
+               " ", r.ShortDebugString());
     AfterTransfer(m.id, /*allow_running=*/false);
     for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
       for (uint32_t l = lb; l < le; ++l) {
-        for (size_t i = 0; i < tokens; ++i) std::memset(row(kv, l, dst_rows[i]), 0xEE, stride);
+        for (size_t i = 0; i < tokens; ++i)
+          std::memset(row(kv, l, dst_rows[i]), 0xEE, stride);
       }
     }
     r.clear_device_slots();
@@ -1429,7 +1661,8 @@ class Harness {
       d->set_first_slot(s.first);
       d->set_num_slots(s.count);
     }
-    r.set_mechanism(static_cast<v1::CopyMechanism>(fdp_->ConsumeIntegralInRange<int>(0, 2)));
+    r.set_mechanism(static_cast<v1::CopyMechanism>(
+        fdp_->ConsumeIntegralInRange<int>(0, 2)));
     auto load = handler_.Load(r);
     Note(load.ok());
     FUZZ_CHECK(load.ok(), "round trip load: ", load.status().ToString());
@@ -1438,10 +1671,11 @@ class Harness {
     for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
       for (uint32_t l = lb; l < le; ++l) {
         for (size_t i = 0; i < tokens; ++i, at += stride) {
-          FUZZ_CHECK(std::memcmp(row(kv, l, dst_rows[i]), expect.data() + at, stride) == 0,
-                     "round trip differs: plane ", kv, " layer ", l, " token ", i,
-                     " pool ", pool->info().spec().ShortDebugString(), " request ",
-                     r.ShortDebugString());
+          FUZZ_CHECK(std::memcmp(row(kv, l, dst_rows[i]), expect.data() + at,
+                                 stride) == 0,
+                     "round trip differs: plane ", kv, " layer ", l, " token ",
+                     i, " pool ", pool->info().spec().ShortDebugString(),
+                     " request ", r.ShortDebugString());
         }
       }
     }

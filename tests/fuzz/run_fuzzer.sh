@@ -10,6 +10,9 @@
 #
 # Environment: FUZZ_SECONDS (60), JOBS (build parallelism, default nproc),
 # FUZZ_TIMEOUT (seconds one input may take before it counts as a hang, 20).
+# Read by the fuzzer itself: HOSTKV_FUZZ_STATS=1 prints, at exit, how often
+# each request ran and succeeded (e.g. replaying a corpus:
+# HOSTKV_FUZZ_STATS=1 build-fuzz/tests/fuzz/request_fuzzer build-fuzz/fuzz-corpus/*).
 #
 # Exits non-zero if the fuzzer found anything (crash, sanitizer report, a
 # violated harness invariant, leak, hang, out-of-memory); the input that
@@ -68,6 +71,23 @@ cleanup_shm() {
 }
 cleanup_shm
 
+# Inputs saved by earlier runs are regression tests: each must pass now.
+replay_failed=0
+shopt -s nullglob
+saved=("${crashes}"/*)
+shopt -u nullglob
+if ((${#saved[@]} > 0)); then
+  echo "== replay ${#saved[@]} saved input(s) from ${crashes}"
+  for f in "${saved[@]}"; do
+    if ! "${build}/tests/fuzz/request_fuzzer" "${f}" >"${build}/replay.log" 2>&1; then
+      echo "FAIL: ${f} still fails:"
+      grep -E 'invariant violated|ERROR|SUMMARY|what\(\)' "${build}/replay.log" | head -5
+      replay_failed=1
+    fi
+  done
+  cleanup_shm
+fi
+
 before="$(ls -1 "${crashes}" | wc -l)"
 echo "== fuzz for ${seconds} s (log: ${log})"
 set +e
@@ -100,6 +120,10 @@ if ((rc != 0 || after > before)); then
   ls -1t "${crashes}" | head -n $((after - before > 0 ? after - before : 5)) |
     sed "s|^|  ${crashes}/|"
   echo "Replay: ${build}/tests/fuzz/request_fuzzer <file>"
+  exit 1
+fi
+if ((replay_failed)); then
+  echo "FAIL: no new crash in ${seconds} s, but a saved input still fails (above)"
   exit 1
 fi
 echo "OK: no crash in ${seconds} s"
