@@ -73,7 +73,7 @@ TOOLCHAIN = re.compile(r"^(gcc|g\+\+|cpp|clang|llvm|cmake|make|ninja-build|build
 # Files the build reads (the build context must not lose them).
 BUILD_INPUT = re.compile(r"(\.(h|hh|hpp|inc|c|cc|cpp|cu|cuh|proto|cmake|sh|in)|^CMakeLists\.txt)$")
 # install_deps.sh packages that only the tests need.
-TEST_ONLY = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|python3-.*)$")
+TEST_ONLY = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|python3-.*|clang|libclang-rt-.*)$")
 
 
 class Failures:
