@@ -169,7 +169,8 @@ void SessionMonitor::Drop(int fd) {
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   close(fd);
   if (it != connections_.end()) connections_.erase(it);
-  if (session != 0) handler_->EndSession(session, "disconnected");
+  // NotFound when the client closed the session itself first: nothing to do.
+  if (session != 0) handler_->EndSession(session, "disconnected").IgnoreError();
 }
 
 }  // namespace hostkv
