@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/layout_offsets.h"
 
 namespace hostkv {
 
@@ -46,28 +45,16 @@ void CopyTask::IndexRuns() {
 
 namespace {
 
-// Accumulates (host offset, device offset) chunks and copies each maximal
-// contiguous piece once (kDirect), or every chunk by itself (kKernel).
-// Pieces wait in a short queue whose sources are prefetched when they enter
+// Copies (host offset, device offset) pieces. Pieces wait in a short queue whose sources are prefetched when they enter
 // it: scattered small pieces (page_head rows, page_first rows) would
 // otherwise stall on one cache miss at a time.
 class SliceCopier {
  public:
-  SliceCopier(uint8_t* host, uint8_t* device, CopyDirection direction,
-              bool coalesce)
-      : host_(host), device_(device), direction_(direction),
-        coalesce_(coalesce) {}
+  SliceCopier(uint8_t* host, uint8_t* device, CopyDirection direction)
+      : host_(host), device_(device), direction_(direction) {}
   ~SliceCopier() { Flush(); }
 
   void Add(uint64_t host_offset, uint64_t device_offset, uint64_t bytes) {
-    if (size_ != 0) {
-      Piece& last = queue_[(head_ + size_ - 1) % kDepth];
-      if (coalesce_ && last.host + last.bytes == host_offset &&
-          last.device + last.bytes == device_offset) {
-        last.bytes += bytes;
-        return;
-      }
-    }
     if (size_ == kDepth) CopyOldest();
     queue_[(head_ + size_) % kDepth] = {host_offset, device_offset, bytes};
     ++size_;
@@ -109,7 +96,6 @@ class SliceCopier {
   uint8_t* const host_;
   uint8_t* const device_;
   const CopyDirection direction_;
-  const bool coalesce_;
   Piece queue_[kDepth];
   uint32_t head_ = 0;
   uint32_t size_ = 0;
@@ -117,35 +103,30 @@ class SliceCopier {
 
 }  // namespace
 
+size_t RunAt(const CopyTask& task, uint64_t token) {
+  return std::upper_bound(task.run_starts.begin(), task.run_starts.end(),
+                          token) -
+         task.run_starts.begin() - 1;
+}
+
+std::vector<CopyPiece> LayerPieces(const CopyTask& task, uint32_t layer,
+                                   uint32_t kv) {
+  std::vector<CopyPiece> pieces;
+  ForEachPiece(task, layer, kv, 0, task.total_tokens,
+               [&pieces](const CopyPiece& piece) { pieces.push_back(piece); });
+  return pieces;
+}
+
 void CopyLayerSlice(const CopyTask& task, uint32_t layer, uint64_t token_begin,
                     uint64_t token_end) {
-  const PoolGeometry& g = task.geometry;
-  const uint32_t chunks = g.chunks_per_row();
-  const uint64_t chunk_bytes = g.chunk_bytes();
-  const bool coalesce = task.mechanism == CopyMechanism::kDirect;
-  // The run holding token_begin.
-  const size_t first_run =
-      std::upper_bound(task.run_starts.begin(), task.run_starts.end(),
-                       token_begin) -
-      task.run_starts.begin() - 1;
-  for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
+  for (uint32_t kv = 0; kv < task.geometry.kv_planes(); ++kv) {
+    // The pieces come coalesced already (kDirect).
     SliceCopier copier(task.host_base, task.layers[layer].plane[kv],
-                       task.direction, coalesce);
-    for (size_t r = first_run; r < task.runs.size(); ++r) {
-      const uint64_t run_start = task.run_starts[r];
-      if (run_start >= token_end) break;
-      const TokenRun& run = task.runs[r];
-      const uint64_t begin = std::max(token_begin, run_start) - run_start;
-      const uint64_t end =
-          std::min(token_end, run_start + run.num_tokens) - run_start;
-      for (uint64_t i = begin; i < end; ++i) {
-        for (uint32_t c = 0; c < chunks; ++c) {
-          copier.Add(HostChunkOffset(g, kv, layer, run.host_token + i, c),
-                     DeviceChunkOffset(g, run.device_token + i, c),
-                     chunk_bytes);
-        }
-      }
-    }
+                       task.direction);
+    ForEachPiece(task, layer, kv, token_begin, token_end,
+                 [&copier](const CopyPiece& piece) {
+                   copier.Add(piece.host, piece.device, piece.bytes);
+                 });
   }
 }
 

@@ -3,9 +3,11 @@
 #ifndef HOSTKV_KERNELS_COPY_PLAN_H_
 #define HOSTKV_KERNELS_COPY_PLAN_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/layout_offsets.h"
 #include "kernels/pool_geometry.h"
 
 namespace hostkv {
@@ -54,11 +56,71 @@ struct CopyTask {
   void IndexRuns();
 };
 
+// One contiguous copy of a layer: `bytes` at host_base + host and at
+// layers[layer].plane[kv] + device.
+struct CopyPiece {
+  uint64_t host;
+  uint64_t device;
+  uint64_t bytes;
+};
+
+// Calls fn(const CopyPiece&) for the pieces of tokens [token_begin,
+// token_end) (positions in the concatenated runs) of one layer and plane, in
+// order: one per chunk (kKernel), or chunks contiguous on both sides merged
+// (kDirect). The CPU path and the GPU copy-engine path both copy these.
+// REQUIRES: task.IndexRuns() was called; token_end <= total_tokens.
+template <typename Fn>
+void ForEachPiece(const CopyTask& task, uint32_t layer, uint32_t kv,
+                  uint64_t token_begin, uint64_t token_end, Fn&& fn);
+
+// Every piece of one layer (all tokens), plane by plane: what the GPU
+// copy-engine path hands to one batched copy.
+std::vector<CopyPiece> LayerPieces(const CopyTask& task, uint32_t layer,
+                                   uint32_t kv);
+
 // Copies tokens [token_begin, token_end) (positions in the concatenated
 // runs) of one layer, every plane.
 // REQUIRES: task.IndexRuns() was called; token_end <= total_tokens.
 void CopyLayerSlice(const CopyTask& task, uint32_t layer, uint64_t token_begin,
                     uint64_t token_end);
+
+// The run holding token position `token` (REQUIRES: IndexRuns()).
+size_t RunAt(const CopyTask& task, uint64_t token);
+
+template <typename Fn>
+void ForEachPiece(const CopyTask& task, uint32_t layer, uint32_t kv,
+                  uint64_t token_begin, uint64_t token_end, Fn&& fn) {
+  const PoolGeometry& g = task.geometry;
+  const uint32_t chunks = g.chunks_per_row();
+  const uint64_t chunk_bytes = g.chunk_bytes();
+  const bool coalesce = task.mechanism == CopyMechanism::kDirect;
+  CopyPiece pending{0, 0, 0};
+  for (size_t r = RunAt(task, token_begin); r < task.runs.size(); ++r) {
+    const uint64_t run_start = task.run_starts[r];
+    if (run_start >= token_end) break;
+    const TokenRun& run = task.runs[r];
+    const uint64_t begin = (token_begin > run_start ? token_begin : run_start) -
+                           run_start;
+    const uint64_t run_end = run_start + run.num_tokens;
+    const uint64_t end = (token_end < run_end ? token_end : run_end) - run_start;
+    for (uint64_t i = begin; i < end; ++i) {
+      for (uint32_t c = 0; c < chunks; ++c) {
+        const CopyPiece next{
+            HostChunkOffset(g, kv, layer, run.host_token + i, c),
+            DeviceChunkOffset(g, run.device_token + i, c), chunk_bytes};
+        if (coalesce && pending.bytes != 0 &&
+            pending.host + pending.bytes == next.host &&
+            pending.device + pending.bytes == next.device) {
+          pending.bytes += next.bytes;
+          continue;
+        }
+        if (pending.bytes != 0) fn(pending);
+        pending = next;
+      }
+    }
+  }
+  if (pending.bytes != 0) fn(pending);
+}
 
 }  // namespace hostkv
 

@@ -1,4 +1,5 @@
 // RequestHandler: the data-path requests: slots, transfers and page access.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -100,6 +101,40 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Backup(
   return Transfer(request, CopyDirection::kDeviceToHost);
 }
 
+absl::Status RequestHandler::CheckGpuTransfer(
+    const v1::TransferRequest& request, const HostPool& pool,
+    const DeviceImport& import, CopyDirection direction,
+    CopyMechanism mechanism) const {
+  GpuImportState* gpu = import.gpu();
+  if (request.wait_kv_written() != 0 &&
+      (gpu == nullptr || !gpu->has_signals() ||
+       direction != CopyDirection::kDeviceToHost)) {
+    return absl::InvalidArgumentError(
+        "wait_kv_written needs a backup through a CUDA import registered "
+        "with gpu_signals");
+  }
+  if (gpu == nullptr) return absl::OkStatus();
+  const PoolPinning::Progress pin = pool.pin_progress();
+  if (pin.state == v1::PIN_PINNING) {
+    return absl::UnavailableError(absl::StrCat(
+        "pool '", pool.name(), "' is still being registered with CUDA (",
+        pin.pinned_bytes * 100 / std::max<uint64_t>(pin.total_bytes, 1),
+        "% done); its health entry turns SERVING when it is ready"));
+  }
+  if (pin.state != v1::PIN_PINNED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", pool.name(), "' could not be registered with CUDA: ",
+        pin.error));
+  }
+  if (mechanism == CopyMechanism::kKernel &&
+      pool.pinning()->device_base() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", pool.name(), "' has no single device address range, so "
+        "copy kernels cannot reach it; use MECHANISM_DIRECT"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
     const v1::TransferRequest& request, CopyDirection direction) {
   RETURN_IF_ERROR(CheckServing());
@@ -142,7 +177,11 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   ASSIGN_OR_RETURN(CopyMechanism mechanism,
                    ResolveMechanism(request.mechanism(),
                                     owned.pool->info().spec().default_mechanism()));
+  RETURN_IF_ERROR(CheckGpuTransfer(request, *owned.pool, *import, direction,
+                                   mechanism));
   auto op = std::make_unique<TransferOp>();
+  op->owner = owned.session->tag();
+  op->wait_kv_written = request.wait_kv_written();
   ASSIGN_OR_RETURN(op->host_pages,
                    PinnedPages::Pin(owned.pool, std::move(owned.runs),
                                     owned.session->tag()));
@@ -169,7 +208,9 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   response.set_bytes(host_tokens * g.kv_planes() * g.token_stride() *
                      response.num_layers());
   op->bytes = response.bytes();
-  RETURN_IF_ERROR(transfers_->Submit(std::move(op)));
+  ASSIGN_OR_RETURN(const uint64_t signal_value,
+                   transfers_->Submit(std::move(op)));
+  response.set_signal_value(signal_value);
   return response;
 }
 

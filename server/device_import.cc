@@ -13,27 +13,38 @@ namespace {
 
 constexpr uint64_t kMaxDeviceTokenSlots = 1ull << 40;
 
-absl::Status CheckCounts(const PoolGeometry& g, const DeviceImportSpec& spec) {
-  if (spec.token_slots == 0 || spec.token_slots > kMaxDeviceTokenSlots) {
+}  // namespace
+
+absl::Status CheckImportShape(const PoolGeometry& g, uint64_t token_slots,
+                              size_t k_buffers, size_t v_buffers) {
+  if (token_slots == 0 || token_slots > kMaxDeviceTokenSlots) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "token_slots must be in [1, 2^40], got ", spec.token_slots));
+        "token_slots must be in [1, 2^40], got ", token_slots));
   }
-  if (spec.k.size() != g.num_layers) {
+  if (k_buffers != g.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "k_buffers: the pool has ", g.num_layers, " layers, got ",
-        spec.k.size(), " buffers"));
+        "k_buffers: the pool has ", g.num_layers, " layers, got ", k_buffers,
+        " buffers"));
   }
   const size_t want_v = g.attention == Attention::kMha ? g.num_layers : 0;
-  if (spec.v.size() != want_v) {
+  if (v_buffers != want_v) {
     return absl::InvalidArgumentError(absl::StrCat(
         "v_buffers: expected ", want_v, " for this ",
         g.attention == Attention::kMha ? "MHA" : "MLA", " pool, got ",
-        spec.v.size()));
+        v_buffers));
   }
   return absl::OkStatus();
 }
 
-}  // namespace
+std::unique_ptr<DeviceImport> DeviceImport::ForGpu(
+    std::shared_ptr<HostPool> pool, uint64_t token_slots,
+    std::vector<LayerBuffers> layers, std::unique_ptr<GpuImportState> gpu) {
+  std::unique_ptr<DeviceImport> import(
+      new DeviceImport(std::move(pool), token_slots));
+  import->layers_ = std::move(layers);
+  import->gpu_ = std::move(gpu);
+  return import;
+}
 
 DeviceImport::DeviceImport(std::shared_ptr<HostPool> pool, uint64_t token_slots)
     : pool_(std::move(pool)), token_slots_(token_slots) {
@@ -46,7 +57,8 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
     std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,
     const std::string& reserved_prefix, std::optional<uint32_t> peer_uid) {
   const PoolGeometry& g = pool->geometry();
-  RETURN_IF_ERROR(CheckCounts(g, spec));
+  RETURN_IF_ERROR(
+      CheckImportShape(g, spec.token_slots, spec.k.size(), spec.v.size()));
   // token_slots <= 2^40 and token_stride <= 2^28: no overflow.
   const uint64_t need = spec.token_slots * g.token_stride();
   std::unique_ptr<DeviceImport> import(

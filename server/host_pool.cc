@@ -38,6 +38,15 @@ HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
       reservation_(std::move(reservation)),
       allocator_(geometry.num_pages()) {}
 
+v1::Pool HostPool::Describe() const {
+  v1::Pool pool = info_;
+  if (pinning_ != nullptr) {
+    pool.set_backend(v1::BACKEND_CUDA);
+    pool.set_pinned(pinning_->pinned());
+  }
+  return pool;
+}
+
 absl::StatusOr<PinnedPages> PinnedPages::Pin(std::shared_ptr<HostPool> pool,
                                              std::vector<PageRun> runs,
                                              OwnerTag owner) {

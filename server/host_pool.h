@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/pool_geometry.h"
+#include "server/gpu_backend.h"
 #include "server/memory_budget.h"
 #include "proto/contract/shm_segment.h"
 #include "server/slot_allocator.h"
@@ -49,6 +50,19 @@ class HostPool {
   uint32_t import_count() const { return imports_.load(); }
   uint64_t completed_backups() const { return backups_.load(); }
 
+  // The pool's registration with CUDA; null on the CPU backend. Set once,
+  // before the pool is shared (PoolRegistry::Create).
+  const PoolPinning* pinning() const { return pinning_.get(); }
+  void set_pinning(std::unique_ptr<PoolPinning> pinning) {
+    pinning_ = std::move(pinning);
+  }
+  // Pinning progress (PIN_NOT_NEEDED without CUDA).
+  PoolPinning::Progress pin_progress() const {
+    return pinning_ != nullptr ? pinning_->progress() : PoolPinning::Progress{};
+  }
+  // The pool as the API describes it now (backend and pinned filled in).
+  v1::Pool Describe() const;
+
  private:
   HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,
            BudgetReservation reservation);
@@ -61,6 +75,8 @@ class HostPool {
   std::atomic<uint32_t> imports_{0};
   std::atomic<uint64_t> loads_{0};
   std::atomic<uint64_t> backups_{0};
+  // Declared last: unregistered before the segment is unmapped.
+  std::unique_ptr<PoolPinning> pinning_;
 };
 
 // Pages of a pool pinned for a copy in flight (SlotAllocator::Pin): they

@@ -32,6 +32,7 @@
 #include "server/byte_size.h"
 #include "server/daemon_metrics.h"
 #include "server/flag_sources.h"
+#include "server/gpu_backend.h"
 #include "server/grpc_service.h"
 #include "server/health_service.h"
 #include "server/instance_lock.h"
@@ -88,6 +89,14 @@ ABSL_FLAG(int, signal_records, 256,
           "may have in flight");
 ABSL_FLAG(std::string, max_page_io, "64MiB",
           "most page bytes one ReadPages/WritePages call may move");
+ABSL_FLAG(std::string, cuda, "auto",
+          "CUDA backend: auto (use it when a GPU is found), on (fail without "
+          "one), off (CPU backend only)");
+ABSL_FLAG(std::string, pin_chunk, "1GiB",
+          "pools are registered with CUDA in chunks of about this size");
+ABSL_FLAG(int, kernel_blocks, 0,
+          "thread blocks per copy-kernel launch (0 = the kernel's default, "
+          "16: few, as they share the GPU with the engine's kernels)");
 
 namespace hostkv {
 namespace {
@@ -96,7 +105,8 @@ const std::vector<std::string> kFlagNames = {
     "listen",        "socket_mode",     "socket_group",   "session_lease",
     "allow_unverified_shm_names",       "auth_token_file", "memory_budget",
     "memory_reserve", "log_level",      "log_format",     "metrics_listen",
-    "copy_threads",  "signal_records",  "max_page_io"};
+    "copy_threads",  "signal_records",  "max_page_io",    "cuda",
+    "pin_chunk",     "kernel_blocks"};
 
 // Everything the flags say, checked.
 struct DaemonOptions {
@@ -110,6 +120,8 @@ struct DaemonOptions {
   unsigned copy_threads = 1;
   RequestLimits limits;
   int signal_records = 256;
+  std::string cuda = "auto";
+  GpuBackendOptions gpu;
 };
 
 absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
@@ -177,6 +189,21 @@ absl::StatusOr<DaemonOptions> ReadOptions() {
   if (o.signal_records < 1 || o.signal_records > 65536) {
     return absl::InvalidArgumentError("--signal_records must be in [1, 65536]");
   }
+  o.cuda = absl::GetFlag(FLAGS_cuda);
+  if (o.cuda != "auto" && o.cuda != "on" && o.cuda != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda: '", o.cuda, "' is not one of auto, on, off"));
+  }
+  ASSIGN_OR_RETURN(o.gpu.pin_chunk_bytes,
+                   ByteFlag("pin_chunk", absl::GetFlag(FLAGS_pin_chunk)));
+  if (o.gpu.pin_chunk_bytes == 0) {
+    return absl::InvalidArgumentError("--pin_chunk must be positive");
+  }
+  const int blocks = absl::GetFlag(FLAGS_kernel_blocks);
+  if (blocks < 0 || blocks > 65535) {
+    return absl::InvalidArgumentError("--kernel_blocks must be in [0, 65535]");
+  }
+  o.gpu.kernel_blocks = static_cast<unsigned>(blocks);
   const int threads = absl::GetFlag(FLAGS_copy_threads);
   // Copies saturate memory bandwidth with few threads; a core left free keeps
   // the replies and the layer signals from waiting for a CPU.
@@ -215,6 +242,7 @@ struct Daemon {
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<DaemonMetrics> metrics;
   std::unique_ptr<MemoryBudget> budget;
+  std::unique_ptr<GpuBackend> gpu;  // outlives the pools and imports
   std::unique_ptr<PoolRegistry> pools;
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<TransferEngine> transfers;
@@ -227,6 +255,28 @@ struct Daemon {
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
+// The CUDA backend when there is a GPU (and --cuda allows it). Nothing
+// calls CUDA before CreateGpuBackend has counted the devices.
+absl::Status StartGpuBackend(DaemonOptions o, Daemon& d) {
+  if (o.cuda == "off") {
+    spdlog::info("CUDA backend off (--cuda=off): CPU backend only");
+    return absl::OkStatus();
+  }
+  o.gpu.metrics = d.metrics.get();
+  absl::StatusOr<std::unique_ptr<GpuBackend>> gpu = CreateGpuBackend(o.gpu);
+  if (!gpu.ok()) {
+    if (o.cuda == "on") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--cuda=on: ", gpu.status().message()));
+    }
+    spdlog::info("CPU backend only: {}", std::string(gpu.status().message()));
+    return absl::OkStatus();
+  }
+  d.gpu = std::move(*gpu);
+  spdlog::info("CUDA backend: {}", d.gpu->Describe());
+  return absl::OkStatus();
+}
+
 absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   const std::string prefix = SegmentPrefix(o.socket_path);
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
@@ -235,13 +285,16 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   }
   d.budget = std::make_unique<MemoryBudget>(o.budget, o.reserve,
                                             &MemoryBudget::SystemAvailableBytes);
+  RETURN_IF_ERROR(StartGpuBackend(o, d));
   d.pools = std::make_unique<PoolRegistry>(
-      d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()));
+      d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()),
+      d.gpu.get());
   d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records);
-  d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get());
-  d.handler = std::make_unique<RequestHandler>(o.limits, d.budget.get(),
-                                               d.pools.get(), d.sessions.get(),
-                                               d.transfers.get(), d.metrics.get());
+  d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get(),
+                                                 d.gpu.get());
+  d.handler = std::make_unique<RequestHandler>(
+      o.limits, d.budget.get(), d.pools.get(), d.sessions.get(),
+      d.transfers.get(), d.metrics.get(), d.gpu.get());
   return CreateConfiguredPools(absl::GetFlag(FLAGS_config), *d.pools);
 }
 
@@ -302,12 +355,9 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
 // for each pool (SERVING once it is ready to use).
 void PublishHealth(Daemon& d) {
   HealthService* health = d.health.get();
-  d.pools->SetObserver([health](const std::string& pool, bool exists) {
-    health->SetServing("hostkv.pool." + pool, exists);
+  d.pools->SetObserver([health](const std::string& pool, bool serving) {
+    health->SetServing("hostkv.pool." + pool, serving);
   });
-  for (const auto& pool : d.pools->List()) {
-    health->SetServing("hostkv.pool." + pool->name(), true);
-  }
   health->SetServing("hostkv.v1.HostKV", true);
   health->SetServing("", true);
 }

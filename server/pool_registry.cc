@@ -12,10 +12,27 @@
 namespace hostkv {
 
 PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-                           unsigned prefault_threads)
+                           unsigned prefault_threads, GpuBackend* gpu)
     : budget_(budget),
       segment_prefix_(std::move(segment_prefix)),
-      prefault_threads_(prefault_threads) {}
+      prefault_threads_(prefault_threads),
+      gpu_(gpu) {}
+
+void PoolRegistry::Notify(const std::string& name) {
+  // Serialized, and the state read inside: the last call always publishes
+  // the current state, whichever thread (creation, pinning) gets here last.
+  absl::MutexLock notify_lock(&notify_mu_);
+  Observer observer;
+  bool serving = false;
+  {
+    absl::MutexLock lock(&mu_);
+    observer = observer_;
+    auto it = pools_.find(name);
+    serving = it != pools_.end() && (it->second->pinning() == nullptr ||
+                                     it->second->pinning()->pinned());
+  }
+  if (observer) observer(name, serving);
+}
 
 absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
     const v1::PoolSpec& spec, bool attach_if_exists) {
@@ -47,14 +64,19 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
       geometry.num_pages(), geometry.total_bytes(),
       FormatBytes(geometry.total_bytes()), pool->info().segment_name(),
       absl::FormatDuration(absl::Now() - start));
+  if (gpu_ != nullptr) {
+    // NOT_SERVING until pinned; `done` runs on the pinning thread, which
+    // the pool joins before it goes away.
+    pool->set_pinning(gpu_->StartPinning(
+        spec.name(), pool->base(), geometry.total_bytes(), geometry.page_bytes(),
+        [this, name = spec.name()](bool) { Notify(name); }));
+  }
   std::shared_ptr<HostPool> shared = std::move(pool);
-  Observer observer;
   {
     absl::MutexLock lock(&mu_);
     pools_[spec.name()] = shared;
-    observer = observer_;
   }
-  if (observer) observer(spec.name(), true);
+  Notify(spec.name());
   return shared;
 }
 
@@ -80,23 +102,29 @@ std::vector<std::shared_ptr<HostPool>> PoolRegistry::List() const {
 }
 
 void PoolRegistry::SetObserver(Observer observer) {
-  absl::MutexLock lock(&mu_);
-  observer_ = std::move(observer);
+  {
+    absl::MutexLock lock(&mu_);
+    observer_ = std::move(observer);
+  }
+  for (const std::shared_ptr<HostPool>& pool : List()) Notify(pool->name());
 }
 
 absl::Status PoolRegistry::Delete(const std::string& name) {
-  Observer observer;
+  std::shared_ptr<HostPool> deleted;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(DeleteLocked(name));
-    observer = observer_;
+    ASSIGN_OR_RETURN(deleted, DeleteLocked(name));
   }
-  if (observer) observer(name, false);
+  // Destroyed out of the lock: it joins its pinning thread, which may be
+  // in Notify.
+  deleted.reset();
+  Notify(name);
   spdlog::info("pool '{}' deleted", name);
   return absl::OkStatus();
 }
 
-absl::Status PoolRegistry::DeleteLocked(const std::string& name) {
+absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::DeleteLocked(
+    const std::string& name) {
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));
@@ -108,8 +136,9 @@ absl::Status PoolRegistry::DeleteLocked(const std::string& name) {
         "pool '", name, "' is in use: ", used, " pages allocated, ",
         pool.imports().load(), " device-buffer registrations"));
   }
+  std::shared_ptr<HostPool> deleted = std::move(it->second);
   pools_.erase(it);
-  return absl::OkStatus();
+  return deleted;
 }
 
 }  // namespace hostkv

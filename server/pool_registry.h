@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "hostkv/v1/hostkv.pb.h"
+#include "server/gpu_backend.h"
 #include "server/host_pool.h"
 #include "server/memory_budget.h"
 
@@ -21,9 +22,11 @@ namespace hostkv {
 // pool's memory alive until they finish.
 class PoolRegistry {
  public:
-  // Segments are named "<segment_prefix>pool.<name>".
+  // Segments are named "<segment_prefix>pool.<name>". With `gpu` (may be
+  // null), every pool is registered with CUDA in the background after it is
+  // created, in chunks of whole pool pages.
   PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-               unsigned prefault_threads);
+               unsigned prefault_threads, GpuBackend* gpu = nullptr);
 
   // Creates pool spec.name(). If it exists: returns it when attach_if_exists
   // and the spec is identical, else AlreadyExists. Errors of
@@ -43,20 +46,28 @@ class PoolRegistry {
   // pages are allocated or device buffers are registered against it.
   absl::Status Delete(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Called with (name, true) after a pool is created and (name, false)
-  // after it is deleted (e.g. to publish per-pool health).
-  using Observer = std::function<void(const std::string& pool, bool exists)>;
-  void SetObserver(Observer observer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called with (name, serving): true once a pool is ready to use (created,
+  // and pinned when there is a GPU backend), false while it is being
+  // pinned, if pinning failed, and after it is deleted (e.g. to publish
+  // per-pool health).
+  using Observer = std::function<void(const std::string& pool, bool serving)>;
+  // Sets the observer and tells it the state of every existing pool.
+  void SetObserver(Observer observer) ABSL_LOCKS_EXCLUDED(mu_, notify_mu_);
 
  private:
-  absl::Status DeleteLocked(const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an unused pool from the map and returns it.
+  absl::StatusOr<std::shared_ptr<HostPool>> DeleteLocked(
+      const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the observer whether pool `name` is serving now.
+  void Notify(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_, notify_mu_);
 
   MemoryBudget* const budget_;
   const std::string segment_prefix_;
   const unsigned prefault_threads_;
+  GpuBackend* const gpu_;
 
   absl::Mutex create_mu_;  // serializes creations (which can be slow)
+  absl::Mutex notify_mu_;  // serializes observer calls
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools_
       ABSL_GUARDED_BY(mu_);

@@ -14,13 +14,15 @@ namespace hostkv {
 
 RequestHandler::RequestHandler(RequestLimits limits, MemoryBudget* budget,
                                PoolRegistry* pools, SessionRegistry* sessions,
-                               TransferEngine* transfers, DaemonMetrics* metrics)
+                               TransferEngine* transfers, DaemonMetrics* metrics,
+                               GpuBackend* gpu)
     : limits_(std::move(limits)),
       budget_(budget),
       pools_(pools),
       sessions_(sessions),
       transfers_(transfers),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      gpu_(gpu) {}
 
 absl::Status RequestHandler::CheckServing() const {
   if (shutting_down_.load()) {
@@ -97,10 +99,16 @@ v1::CloseSessionResponse RequestHandler::Release(Session& session,
   session.MarkEnding();
   if (metrics_ != nullptr) metrics_->RecordSessionEnd(reason);
   session.signals()->Cancel();
+  std::vector<std::shared_ptr<DeviceImport>> imports = session.TakeImports();
+  // GPU operations cannot be stopped, only let through: none may keep
+  // waiting for a "KV written" signal from an engine that is gone.
+  for (const std::shared_ptr<DeviceImport>& import : imports) {
+    if (import->gpu() != nullptr) import->gpu()->ReleaseWaits();
+  }
   session.signals()->AwaitIdle();
   v1::CloseSessionResponse response;
-  response.set_imports_closed(
-      static_cast<uint32_t>(session.TakeImports().size()));
+  response.set_imports_closed(static_cast<uint32_t>(imports.size()));
+  imports.clear();
   uint64_t pages = 0;
   for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
     pages += pool->allocator().FreeAllOwnedBy(session.tag());
@@ -119,19 +127,19 @@ absl::StatusOr<v1::Pool> RequestHandler::CreatePool(
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool,
                    pools_->Create(request.spec(), request.attach_if_exists()));
-  return pool->info();
+  return pool->Describe();
 }
 
 absl::StatusOr<v1::Pool> RequestHandler::GetPool(
     const v1::GetPoolRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.name()));
-  return pool->info();
+  return pool->Describe();
 }
 
 absl::StatusOr<v1::ListPoolsResponse> RequestHandler::ListPools(
     const v1::ListPoolsRequest&) {
   v1::ListPoolsResponse response;
-  for (const auto& pool : pools_->List()) *response.add_pools() = pool->info();
+  for (const auto& pool : pools_->List()) *response.add_pools() = pool->Describe();
   return response;
 }
 
@@ -149,24 +157,40 @@ RequestHandler::RegisterDeviceBuffers(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
-  ASSIGN_OR_RETURN(DeviceImportSpec spec, ToDeviceImportSpec(request));
-  const std::optional<PeerCredentials> peer = session->peer();
-  if (!peer.has_value() && !limits_.allow_unverified_shm_names) {
-    return absl::FailedPreconditionError(
-        "registering shared-memory buffers by name needs an attached session "
-        "socket (the client library attaches on unix: targets), or a daemon "
-        "started with --allow_unverified_shm_names");
+  ASSIGN_OR_RETURN(RegistrationSpec spec, ToRegistrationSpec(request));
+  std::unique_ptr<DeviceImport> import;
+  if (spec.cuda) {
+    if (gpu_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this daemon has no CUDA backend (no GPU, or built without CUDA; "
+          "see its start-up log): register shared-memory buffers (shm_name)");
+    }
+    ASSIGN_OR_RETURN(import, gpu_->OpenImport(pool, spec.gpu));
+  } else {
+    const std::optional<PeerCredentials> peer = session->peer();
+    if (!peer.has_value() && !limits_.allow_unverified_shm_names) {
+      return absl::FailedPreconditionError(
+          "registering shared-memory buffers by name needs an attached "
+          "session socket (the client library attaches on unix: targets), or "
+          "a daemon started with --allow_unverified_shm_names");
+    }
+    std::optional<uint32_t> peer_uid;
+    if (peer.has_value()) peer_uid = peer->uid;
+    ASSIGN_OR_RETURN(import, DeviceImport::OpenShm(
+                                 pool, spec.shm, limits_.reserved_segment_prefix,
+                                 peer_uid));
   }
-  std::optional<uint32_t> peer_uid;
-  if (peer.has_value()) peer_uid = peer->uid;
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceImport> import,
-                   DeviceImport::OpenShm(pool, spec,
-                                         limits_.reserved_segment_prefix,
-                                         peer_uid));
+  const bool on_gpu = import->gpu() != nullptr;
+  const int device = on_gpu ? import->gpu()->device() : -1;
+  const bool gpu_signals = on_gpu && import->gpu()->has_signals();
   const uint64_t id = session->AddImport(std::move(import));
   spdlog::info("session {}: import {} opened for pool '{}' ({} layers, "
-               "{} token slots)",
-               session->tag(), id, pool->name(), spec.k.size(), spec.token_slots);
+               "{} token slots, {})",
+               session->tag(), id, pool->name(), pool->geometry().num_layers,
+               request.token_slots(),
+               on_gpu ? absl::StrCat("CUDA device ", device,
+                                     gpu_signals ? ", GPU signals" : "")
+                      : std::string("shared memory"));
   v1::RegisterDeviceBuffersResponse response;
   response.set_import_id(id);
   return response;
@@ -177,7 +201,12 @@ RequestHandler::UnregisterDeviceBuffers(
     const v1::UnregisterDeviceBuffersRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
+                   session->GetImport(request.import_id()));
   RETURN_IF_ERROR(session->RemoveImport(request.import_id()));
+  // Its operations in flight keep it open until they finish; none of them
+  // may wait for "KV written" any more.
+  if (import->gpu() != nullptr) import->gpu()->ReleaseWaits();
   spdlog::info("session {}: import {} closed", session->tag(),
                request.import_id());
   return v1::UnregisterDeviceBuffersResponse();

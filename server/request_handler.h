@@ -13,6 +13,7 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
 #include "server/daemon_metrics.h"
+#include "server/gpu_backend.h"
 #include "server/memory_budget.h"
 #include "server/pool_registry.h"
 #include "server/session_registry.h"
@@ -37,10 +38,12 @@ struct RequestLimits {
 // Thread-safe. Borrows its collaborators, which must outlive it.
 class RequestHandler {
  public:
-  // `metrics` may be null.
+  // `metrics` and `gpu` may be null (without `gpu`, CUDA registrations are
+  // refused).
   RequestHandler(RequestLimits limits, MemoryBudget* budget,
                  PoolRegistry* pools, SessionRegistry* sessions,
-                 TransferEngine* transfers, DaemonMetrics* metrics = nullptr);
+                 TransferEngine* transfers, DaemonMetrics* metrics = nullptr,
+                 GpuBackend* gpu = nullptr);
 
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(
       const v1::OpenSessionRequest& request);
@@ -102,6 +105,12 @@ class RequestHandler {
   absl::Status CheckServing() const;
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
+  // The CUDA side of a transfer: the pool is pinned, the mechanism can reach
+  // it, wait_kv_written is only used where it means something.
+  absl::Status CheckGpuTransfer(const v1::TransferRequest& request,
+                                const HostPool& pool, const DeviceImport& import,
+                                CopyDirection direction,
+                                CopyMechanism mechanism) const;
   // The session, the pool, and the pages it owns in `runs`, with no copy in
   // flight.
   struct OwnedPages {
@@ -121,6 +130,7 @@ class RequestHandler {
   SessionRegistry* const sessions_;
   TransferEngine* const transfers_;
   DaemonMetrics* const metrics_;
+  GpuBackend* const gpu_;
   std::atomic<bool> shutting_down_{false};
 };
 

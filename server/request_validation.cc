@@ -155,43 +155,82 @@ std::vector<SlotSpan> PagesToTokenSpans(const std::vector<PageRun>& runs,
 
 namespace {
 
-absl::StatusOr<DeviceBufferRef> ToBufferRef(const v1::DeviceBuffer& buffer,
+constexpr size_t kDeviceUuidBytes = 16;
+
+absl::StatusOr<GpuBufferRef> ToGpuBufferRef(const v1::DeviceBuffer& buffer,
                                             const std::string& where) {
-  switch (buffer.handle_case()) {
-    case v1::DeviceBuffer::kShmName:
-      return DeviceBufferRef{buffer.shm_name(), buffer.offset(), buffer.size()};
-    case v1::DeviceBuffer::kCudaIpcHandle:
-      if (buffer.cuda_ipc_handle().size() != kCudaIpcHandleBytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": cuda_ipc_handle must be ", kCudaIpcHandleBytes,
-            " bytes, got ", buffer.cuda_ipc_handle().size()));
-      }
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": this daemon runs the CPU backend, which opens shared-memory "
-                 "buffers (shm_name); CUDA IPC imports are not implemented yet"));
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": set shm_name or cuda_ipc_handle"));
+  if (buffer.cuda_ipc_handle().size() != kCudaIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": cuda_ipc_handle must be ", kCudaIpcHandleBytes,
+        " bytes, got ", buffer.cuda_ipc_handle().size()));
   }
+  if (!buffer.device_uuid().empty() &&
+      buffer.device_uuid().size() != kDeviceUuidBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": device_uuid must be empty or ", kDeviceUuidBytes,
+        " bytes, got ", buffer.device_uuid().size()));
+  }
+  if (buffer.device() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": device ", buffer.device(), " is negative"));
+  }
+  return GpuBufferRef{buffer.cuda_ipc_handle(), buffer.offset(), buffer.size(),
+                      buffer.device(), buffer.device_uuid()};
+}
+
+// Every buffer of a registration names its memory the same way.
+absl::Status CheckHandleKind(const v1::DeviceBuffer& buffer,
+                             v1::DeviceBuffer::HandleCase kind,
+                             const std::string& where) {
+  if (buffer.handle_case() == v1::DeviceBuffer::HANDLE_NOT_SET) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": set shm_name or cuda_ipc_handle"));
+  }
+  if (buffer.handle_case() != kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": mixes shm_name and cuda_ipc_handle buffers; one "
+               "registration uses one kind"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<DeviceImportSpec> ToDeviceImportSpec(
+absl::StatusOr<RegistrationSpec> ToRegistrationSpec(
     const v1::RegisterDeviceBuffersRequest& request) {
-  DeviceImportSpec spec;
-  spec.token_slots = request.token_slots();
-  for (int i = 0; i < request.k_buffers_size(); ++i) {
-    ASSIGN_OR_RETURN(DeviceBufferRef ref,
-                     ToBufferRef(request.k_buffers(i),
-                                 absl::StrCat("k_buffers[", i, "]")));
-    spec.k.push_back(std::move(ref));
+  RegistrationSpec spec;
+  const v1::DeviceBuffer::HandleCase kind =
+      request.k_buffers_size() > 0 ? request.k_buffers(0).handle_case()
+                                   : v1::DeviceBuffer::kShmName;
+  spec.cuda = kind == v1::DeviceBuffer::kCudaIpcHandle;
+  spec.shm.token_slots = spec.gpu.token_slots = request.token_slots();
+  const google::protobuf::RepeatedPtrField<v1::DeviceBuffer>* planes[2] = {
+      &request.k_buffers(), &request.v_buffers()};
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int i = 0; i < planes[kv]->size(); ++i) {
+      const v1::DeviceBuffer& buffer = (*planes[kv])[i];
+      const std::string where =
+          absl::StrCat(kv == 0 ? "k_buffers[" : "v_buffers[", i, "]");
+      RETURN_IF_ERROR(CheckHandleKind(buffer, kind, where));
+      if (spec.cuda) {
+        ASSIGN_OR_RETURN(GpuBufferRef ref, ToGpuBufferRef(buffer, where));
+        (kv == 0 ? spec.gpu.k : spec.gpu.v).push_back(std::move(ref));
+      } else {
+        (kv == 0 ? spec.shm.k : spec.shm.v)
+            .push_back(DeviceBufferRef{buffer.shm_name(), buffer.offset(),
+                                       buffer.size()});
+      }
+    }
   }
-  for (int i = 0; i < request.v_buffers_size(); ++i) {
-    ASSIGN_OR_RETURN(DeviceBufferRef ref,
-                     ToBufferRef(request.v_buffers(i),
-                                 absl::StrCat("v_buffers[", i, "]")));
-    spec.v.push_back(std::move(ref));
+  if (request.has_gpu_signals()) {
+    if (!spec.cuda) {
+      return absl::InvalidArgumentError(
+          "gpu_signals: only CUDA registrations (cuda_ipc_handle) have GPU "
+          "signal words");
+    }
+    RETURN_IF_ERROR(CheckHandleKind(request.gpu_signals(), kind, "gpu_signals"));
+    ASSIGN_OR_RETURN(spec.gpu.signals,
+                     ToGpuBufferRef(request.gpu_signals(), "gpu_signals"));
   }
   return spec;
 }

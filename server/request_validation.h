@@ -10,6 +10,7 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
 #include "server/device_import.h"
+#include "server/gpu_backend.h"
 #include "server/slot_allocator.h"
 
 namespace hostkv {
@@ -55,11 +56,20 @@ absl::Status CheckNoOverlap(std::vector<SlotSpan> spans, const char* side);
 std::vector<SlotSpan> PagesToTokenSpans(const std::vector<PageRun>& runs,
                                         uint32_t page_size);
 
-// Converts the buffers of a registration for the CPU backend.
-// InvalidArgument for a buffer without a handle or a CUDA handle that is not
-// 64 bytes; FailedPrecondition for a CUDA handle (the CPU backend opens
-// shared-memory names only).
-absl::StatusOr<DeviceImportSpec> ToDeviceImportSpec(
+// A registration's buffers: shared-memory names (CPU backend) or CUDA IPC
+// handles (CUDA backend).
+struct RegistrationSpec {
+  bool cuda = false;
+  DeviceImportSpec shm;  // !cuda
+  GpuImportSpec gpu;     // cuda
+};
+
+// Converts the buffers of a registration. InvalidArgument for a buffer
+// without a handle, a registration mixing shm names and CUDA handles, a
+// CUDA handle that is not 64 bytes, a device_uuid that is not 16 bytes, a
+// negative device, or gpu_signals on a shared-memory registration. (Counts
+// and sizes are checked against the pool by the import.)
+absl::StatusOr<RegistrationSpec> ToRegistrationSpec(
     const v1::RegisterDeviceBuffersRequest& request);
 
 }  // namespace hostkv

@@ -18,8 +18,14 @@ void FillPoolStats(const HostPool& pool,
   const uint64_t used_pages = alloc.num_pages() - free_pages;
   stats->set_name(pool.name());
   stats->set_layout(pool.info().spec().layout());
-  stats->set_backend(pool.info().backend());
-  stats->set_pinned(pool.info().pinned());
+  const PoolPinning::Progress pin = pool.pin_progress();
+  stats->set_backend(pool.pinning() != nullptr ? v1::BACKEND_CUDA
+                                               : v1::BACKEND_CPU);
+  stats->set_pinned(pin.state == v1::PIN_PINNED);
+  stats->set_pin_state(pin.state);
+  stats->set_pinned_bytes(pin.pinned_bytes);
+  stats->set_pin_seconds(absl::ToDoubleSeconds(pin.elapsed));
+  stats->set_pin_error(pin.error);
   stats->set_page_size(g.page_size);
   stats->set_capacity_pages(alloc.num_pages());
   stats->set_used_pages(used_pages);

@@ -6,8 +6,10 @@
 
 namespace hostkv {
 
-TransferEngine::TransferEngine(unsigned copy_threads, DaemonMetrics* metrics)
+TransferEngine::TransferEngine(unsigned copy_threads, DaemonMetrics* metrics,
+                               GpuBackend* gpu)
     : metrics_(metrics),
+      gpu_(gpu),
       workers_(copy_threads == 0 ? 1 : copy_threads),
       copier_(&workers_),
       dispatcher_([this] { DispatchLoop(); }) {}
@@ -17,24 +19,35 @@ TransferEngine::~TransferEngine() {
   dispatcher_.join();
 }
 
-absl::Status TransferEngine::Submit(std::unique_ptr<TransferOp> op) {
+absl::StatusOr<uint64_t> TransferEngine::Submit(
+    std::unique_ptr<TransferOp> op) {
   absl::MutexLock lock(&mu_);
   if (stopping_) {
     op->host_pages.Release();
     op->signals->Finish(op->signal_index, /*failed=*/true);
     return absl::UnavailableError("the daemon is shutting down");
   }
+  // Assigned under the queue's lock: values follow the queue order, which
+  // is the order of the import's stream, so the words never decrease.
+  GpuImportState* gpu = op->import->gpu();
+  if (gpu != nullptr && gpu->has_signals()) {
+    op->signal_value = gpu->NextSignalValue();
+  }
+  const uint64_t signal_value = op->signal_value;
   queue_.push_back(std::move(op));
-  return absl::OkStatus();
+  return signal_value;
 }
 
 void TransferEngine::Drain() {
-  absl::MutexLock lock(&mu_);
-  stopping_ = true;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && !running_op_;
-  };
-  mu_.Await(absl::Condition(&idle));
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return queue_.empty() && !running_op_;
+    };
+    mu_.Await(absl::Condition(&idle));
+  }
+  if (gpu_ != nullptr) gpu_->AwaitIdle(std::nullopt);
 }
 
 uint64_t TransferEngine::queued() const {
@@ -56,7 +69,20 @@ void TransferEngine::DispatchLoop() {
       queue_.pop_front();
       running_op_ = true;
     }
-    Run(*op);
+    if (op->import->gpu() != nullptr) {
+      // Not started for a session that ended (gpu_ is never null here: CUDA
+      // imports need the backend).
+      if (gpu_ == nullptr || op->signals->cancelled()) {
+        op->host_pages.Release();
+        op->signals->Finish(op->signal_index, /*failed=*/true);
+      } else if (absl::Status s = gpu_->Enqueue(std::move(op)); !s.ok()) {
+        spdlog::error("GPU transfer failed to enqueue: {}", std::string(s.message()));
+      }
+    } else {
+      // Keeps a session's order when it mixes CUDA and CPU imports.
+      if (gpu_ != nullptr) gpu_->AwaitIdle(op->owner);
+      Run(*op);
+    }
     op.reset();  // release the import and pool before reporting idle
     absl::MutexLock lock(&mu_);
     running_op_ = false;

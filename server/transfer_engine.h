@@ -1,6 +1,8 @@
-// Runs loads and backups in the background: one operation at a time, layer
-// by layer, each layer spread over the copy threads, each layer signalled as
-// soon as it is copied.
+// Runs loads and backups in the background, in submission order. CPU imports:
+// one operation at a time, layer by layer, each layer spread over the copy
+// threads and signalled as soon as it is copied. CUDA imports: handed to the
+// GPU backend, which enqueues them on the import's stream and returns; a CPU
+// operation of a session waits for that session's GPU operations first.
 #ifndef HOSTKV_SERVER_TRANSFER_ENGINE_H_
 #define HOSTKV_SERVER_TRANSFER_ENGINE_H_
 
@@ -18,6 +20,7 @@
 #include "absl/time/time.h"
 #include "server/daemon_metrics.h"
 #include "server/device_import.h"
+#include "server/gpu_backend.h"
 #include "server/host_pool.h"
 #include "server/signal_board.h"
 
@@ -27,6 +30,7 @@ namespace hostkv {
 // alive until it finishes.
 struct TransferOp {
   uint64_t op_id = 0;
+  OwnerTag owner = kNoOwner;  // the submitting session
   PinnedPages host_pages;  // released before the last layer is signalled
   std::shared_ptr<DeviceImport> import;
   std::shared_ptr<SignalBoard> signals;
@@ -36,18 +40,25 @@ struct TransferOp {
   absl::Time submitted;
   uint64_t bytes = 0;
   CopyTask task;
+  // CUDA imports: the value the import's GPU signal words take after each
+  // layer (assigned by Submit), and the "KV written" value a backup waits for.
+  uint64_t signal_value = 0;
+  uint64_t wait_kv_written = 0;
 };
 
 // Thread-safe.
 class TransferEngine {
  public:
-  // `metrics` may be null.
-  TransferEngine(unsigned copy_threads, DaemonMetrics* metrics);
+  // `metrics` and `gpu` may be null.
+  TransferEngine(unsigned copy_threads, DaemonMetrics* metrics,
+                 GpuBackend* gpu = nullptr);
   ~TransferEngine();  // Drains, then stops.
 
-  // Enqueues `op` and returns. Unavailable once shutting down (the op's
+  // Enqueues `op` and returns its signal_value (0 unless it is a CUDA
+  // import with signal words). Unavailable once shutting down (the op's
   // record is then finished as failed).
-  absl::Status Submit(std::unique_ptr<TransferOp> op) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> Submit(std::unique_ptr<TransferOp> op)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Finishes the queued operations, then stops accepting new ones.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
@@ -59,6 +70,7 @@ class TransferEngine {
   void Run(TransferOp& op);
 
   DaemonMetrics* const metrics_;
+  GpuBackend* const gpu_;
   WorkerPool workers_;
   CpuCopyEngine copier_;
 

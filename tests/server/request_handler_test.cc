@@ -239,9 +239,36 @@ TEST_F(RequestHandlerTest, RegistrationValidatesHandles) {
   auto request = Registration(s);
   request.mutable_k_buffers(1)->set_cuda_ipc_handle(std::string(63, 'x'));
   EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  // One registration uses one kind of handle.
   request.mutable_k_buffers(1)->set_cuda_ipc_handle(std::string(64, 'x'));
-  EXPECT_ERROR(FailedPrecondition, handler_.RegisterDeviceBuffers(request));
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
   request.mutable_k_buffers(1)->clear_cuda_ipc_handle();
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  // GPU signal words belong to CUDA registrations only.
+  request = Registration(s);
+  request.mutable_gpu_signals()->set_shm_name("/x");
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+
+  // Well-formed CUDA registrations: refused by a daemon without a CUDA
+  // backend, after the fields are checked.
+  auto cuda = Registration(s);
+  for (auto* buffers : {cuda.mutable_k_buffers(), cuda.mutable_v_buffers()}) {
+    for (v1::DeviceBuffer& b : *buffers) b.set_cuda_ipc_handle(std::string(64, 'h'));
+  }
+  EXPECT_ERROR(FailedPrecondition, handler_.RegisterDeviceBuffers(cuda));
+  cuda.mutable_gpu_signals()->set_cuda_ipc_handle(std::string(64, 's'));
+  EXPECT_ERROR(FailedPrecondition, handler_.RegisterDeviceBuffers(cuda));
+  request = cuda;
+  request.mutable_k_buffers(2)->set_device_uuid(std::string(15, 'u'));
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = cuda;
+  request.mutable_v_buffers(0)->set_device(-1);
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = cuda;
+  request.mutable_gpu_signals()->set_cuda_ipc_handle(std::string(65, 's'));
+  EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
+  request = cuda;
+  request.mutable_gpu_signals()->set_shm_name("/x");
   EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
 
   request = Registration(s);
@@ -293,6 +320,11 @@ TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
   EXPECT_ERROR(NotFound, handler_.Load(Transfer(s, 999, 0, 2, 0, 8)));
   EXPECT_ERROR(NotFound, handler_.Load(Transfer(other, import, 2, 1, 0, 4)));
   EXPECT_ERROR(InvalidArgument, handler_.Load(Transfer(s, q_import, 0, 2, 0, 8)));
+  // "KV written" waits exist for CUDA imports with GPU signals only.
+  auto waits = Transfer(s, import, 0, 2, 0, 8);
+  waits.set_wait_kv_written(1);
+  EXPECT_ERROR(InvalidArgument, handler_.Backup(waits));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(waits));
 
   auto request = Transfer(s, import, 0, 2, 0, 4);
   auto* dup = request.add_device_slots();

@@ -1,0 +1,54 @@
+#include "kernels/kernel_copy_plan.h"
+
+#include <cstring>
+
+namespace hostkv {
+
+TokenIndex BuildTokenIndex(const std::vector<TokenRun>& runs) {
+  TokenIndex index;
+  uint64_t total = 0;
+  for (const TokenRun& run : runs) total += run.num_tokens;
+  index.host_tokens.reserve(total);
+  index.device_tokens.reserve(total);
+  for (const TokenRun& run : runs) {
+    for (uint64_t t = 0; t < run.num_tokens; ++t) {
+      index.host_tokens.push_back(run.host_token + t);
+      index.device_tokens.push_back(run.device_token + t);
+    }
+  }
+  return index;
+}
+
+namespace {
+
+// What one warp does with one chunk: lane l copies vectors l, l + 32, ...
+// (memcpy stands for the kernel's typed vector loads and stores).
+void CopyChunkAsWarp(const KernelChunk& c) {
+  const uint32_t width = KernelVectorWidth(c.src, c.dst, c.bytes);
+  const uint64_t vectors = c.bytes / width;
+  for (uint32_t lane = 0; lane < kKernelCopyLanes; ++lane) {
+    for (uint64_t v = lane; v < vectors; v += kKernelCopyLanes) {
+      std::memcpy(c.dst + v * width, c.src + v * width, width);
+    }
+  }
+}
+
+}  // namespace
+
+void RunKernelCopyOnCpu(const KernelCopyArgs& args) {
+  if (args.num_tokens == 0) return;
+  const uint64_t rows = KernelCopyRows(args);
+  const uint32_t chunks = args.geometry.chunks_per_row();
+  // The warps of the default grid, each striding over the rows.
+  const uint64_t warps = static_cast<uint64_t>(KernelCopyBlocks(rows, 0)) *
+                         kKernelCopyWarpsPerBlock;
+  for (uint64_t warp = 0; warp < warps; ++warp) {
+    for (uint64_t row = warp; row < rows; row += warps) {
+      for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
+        CopyChunkAsWarp(KernelChunkAt(args, row, chunk));
+      }
+    }
+  }
+}
+
+}  // namespace hostkv

@@ -1,0 +1,320 @@
+#include "server/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/driver_api.h"
+#include "proto/contract/status_macros.h"
+#include "server/cuda/cuda_import.h"
+#include "server/cuda/cuda_pool_pinning.h"
+#include "server/cuda/cuda_transfer.h"
+#include "server/daemon_metrics.h"
+#include "server/device_import.h"
+#include "server/host_pool.h"
+#include "server/transfer_engine.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+
+absl::StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(
+    const GpuBackendOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                   CudaBackend::Create(options));
+  return std::unique_ptr<GpuBackend>(std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const GpuBackendOptions& options) {
+  // The first CUDA call: counting devices also finds out whether there is a
+  // driver at all.
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::NotFoundError(absl::StrCat(
+        "no CUDA device (",
+        error == cudaSuccess ? "none visible" : cudaGetErrorString(error),
+        ")"));
+  }
+  ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
+  (void)api;
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(options));
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, i),
+                               "cudaGetDeviceProperties"));
+    backend->devices_.push_back(
+        Device{i, std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes)),
+               prop.name, prop.major, prop.minor, prop.totalGlobalMem,
+               Supports64BitStreamMemOps(i)});
+  }
+  return backend;
+}
+
+CudaBackend::CudaBackend(const GpuBackendOptions& options)
+    : options_(options), completer_([this] { CompletionLoop(); }) {}
+
+CudaBackend::~CudaBackend() {
+  AwaitIdle(std::nullopt);
+  {
+    absl::MutexLock lock(&done_mu_);
+    stopping_ = true;
+  }
+  completer_.join();
+  absl::MutexLock lock(&mu_);
+  for (auto& [owner, last] : last_op_) cudaEventDestroy(last.event);
+}
+
+std::string CudaBackend::Describe() const {
+  std::string out = absl::StrCat(devices_.size(), " CUDA device",
+                                 devices_.size() == 1 ? "" : "s", ":");
+  for (const Device& d : devices_) {
+    absl::StrAppendFormat(&out, " [%d %s sm_%d%d %.1f GiB%s]", d.ordinal,
+                          d.name, d.major, d.minor,
+                          static_cast<double>(d.memory) / (1ull << 30),
+                          d.stream_mem_ops64 ? "" : " no-64-bit-stream-memops");
+  }
+  return out;
+}
+
+std::unique_ptr<PoolPinning> CudaBackend::StartPinning(
+    const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+    std::function<void(bool ok)> done) {
+  return std::make_unique<CudaPoolPinning>(
+      pool, base, bytes, PlanPinChunks(bytes, align, options_.pin_chunk_bytes),
+      std::move(done));
+}
+
+absl::StatusOr<int> CudaBackend::ResolveDevice(const GpuBufferRef& ref,
+                                               const std::string& where) const {
+  if (!ref.device_uuid.empty()) {
+    for (const Device& d : devices_) {
+      if (d.uuid == ref.device_uuid) return d.ordinal;
+    }
+    return absl::NotFoundError(absl::StrCat(
+        where, ": no device with UUID ", absl::BytesToHexString(ref.device_uuid),
+        " is visible to hostkvd (check the GPUs given to its container and "
+        "CUDA_VISIBLE_DEVICES)"));
+  }
+  if (ref.device < 0 || static_cast<size_t>(ref.device) >= devices_.size()) {
+    return absl::NotFoundError(absl::StrCat(where, ": device ", ref.device,
+                                            " does not exist (hostkvd sees ",
+                                            devices_.size(), ")"));
+  }
+  return ref.device;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
+    std::shared_ptr<HostPool> pool, const GpuImportSpec& spec) {
+  const PoolGeometry& g = pool->geometry();
+  RETURN_IF_ERROR(
+      CheckImportShape(g, spec.token_slots, spec.k.size(), spec.v.size()));
+  // token_slots <= 2^40 and token_stride <= 2^28: no overflow.
+  const uint64_t need = spec.token_slots * g.token_stride();
+  std::optional<int> device;
+  std::vector<IpcMappingRef> mappings;
+  // Opens one buffer; returns its address in the daemon.
+  auto open = [&](const GpuBufferRef& ref, const std::string& where,
+                  uint64_t min_size) -> absl::StatusOr<uint8_t*> {
+    ASSIGN_OR_RETURN(int d, ResolveDevice(ref, where));
+    if (device.has_value() && *device != d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": on device ", d, " but the other buffers are on device ",
+          *device, "; one registration covers one device"));
+    }
+    device = d;
+    if (ref.size < min_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": size ", ref.size, " is smaller than the ", min_size,
+          " bytes needed"));
+    }
+    absl::StatusOr<IpcMappingRef> mapping = mappings_.Open(ref.ipc_handle, d);
+    if (!mapping.ok()) {
+      return absl::Status(mapping.status().code(),
+                          absl::StrCat(where, ": ", mapping.status().message()));
+    }
+    if (ref.offset > mapping->size() || ref.size > mapping->size() - ref.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": offset ", ref.offset, " + size ", ref.size,
+          " exceeds the allocation of ", mapping->size(), " bytes"));
+    }
+    uint8_t* address = mapping->base() + ref.offset;
+    mappings.push_back(std::move(*mapping));
+    return address;
+  };
+  std::vector<LayerBuffers> layers(g.num_layers, LayerBuffers{{nullptr, nullptr}});
+  const std::vector<GpuBufferRef>* planes[2] = {&spec.k, &spec.v};
+  for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      ASSIGN_OR_RETURN(
+          layers[l].plane[kv],
+          open((*planes[kv])[l],
+               absl::StrCat(kv == 0 ? "k_buffers[" : "v_buffers[", l, "]"),
+               need));
+    }
+  }
+  uint64_t* words = nullptr;
+  if (spec.signals.has_value()) {
+    if (spec.signals->offset % sizeof(uint64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gpu_signals: offset ", spec.signals->offset,
+          " is not 8-byte aligned"));
+    }
+    ASSIGN_OR_RETURN(uint8_t* address,
+                     open(*spec.signals, "gpu_signals",
+                          (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
+    if (!devices_[*device].stream_mem_ops64) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gpu_signals: device ", *device, " does not support 64-bit stream "
+          "memory operations (cuStreamWaitValue64); register without "
+          "gpu_signals and wait on the host"));
+    }
+    words = reinterpret_cast<uint64_t*>(address);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaImportState> state,
+                   CudaImportState::Create(*device, std::move(mappings), words,
+                                           g.num_layers));
+  return DeviceImport::ForGpu(std::move(pool), spec.token_slots,
+                              std::move(layers), std::move(state));
+}
+
+void CudaBackend::OrderAfterLastOp(OwnerTag owner, cudaStream_t stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = last_op_.find(owner);
+  if (it == last_op_.end() || it->second.stream == stream) return;
+  const absl::Status s = CudaStatus(
+      cudaStreamWaitEvent(stream, it->second.event, 0), "cudaStreamWaitEvent");
+  if (!s.ok()) spdlog::warn("ordering after the session's last op: {}", std::string(s.message()));
+}
+
+void CudaBackend::RecordLastOp(OwnerTag owner, cudaStream_t stream, int device) {
+  cudaEvent_t event = nullptr;
+  absl::Status s = CudaStatus(
+      cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  if (s.ok()) s = CudaStatus(cudaEventRecord(event, stream), "cudaEventRecord");
+  if (!s.ok()) {
+    spdlog::warn("recording the session's last op: {}", std::string(s.message()));
+    if (event != nullptr) cudaEventDestroy(event);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = last_op_.try_emplace(owner, LastOp{stream, event, device});
+  if (!inserted) {
+    cudaEventDestroy(it->second.event);  // released once it completes
+    it->second = LastOp{stream, event, device};
+  }
+}
+
+absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
+  auto* gpu = static_cast<CudaImportState*>(op->import->gpu());
+  const OwnerTag owner = op->owner;
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_[owner];
+    ++total_in_flight_;
+  }
+  auto in_flight = std::make_unique<InFlight>(
+      InFlight{this, std::move(op), false, absl::Now()});
+  const TransferOp& o = *in_flight->op;
+  ScopedDevice on_device(gpu->device());
+  absl::Status status = on_device.status();
+  if (status.ok()) {
+    const PoolPinning* pinning = o.import->pool()->pinning();
+    OrderAfterLastOp(owner, gpu->stream());
+    status = EnqueueTransfer(
+        o, *gpu, pinning != nullptr ? pinning->device_base() : nullptr,
+        CudaTransferOptions{options_.kernel_blocks});
+    RecordLastOp(owner, gpu->stream(), gpu->device());
+  }
+  in_flight->failed = !status.ok();
+  InFlight* raw = in_flight.release();
+  const cudaError_t error = on_device.status().ok()
+                                ? cudaLaunchHostFunc(gpu->stream(),
+                                                     &CudaBackend::OnStreamReached, raw)
+                                : cudaErrorInvalidDevice;
+  if (error != cudaSuccess) {
+    // No callback will come: wait for the stream here and finish now.
+    cudaGetLastError();
+    cudaStreamSynchronize(gpu->stream());
+    std::unique_ptr<InFlight> done(raw);
+    done->failed = true;
+    if (status.ok()) status = CudaStatus(error, "cudaLaunchHostFunc");
+    Finish(std::move(done));
+  }
+  return status;
+}
+
+void CudaBackend::OnStreamReached(void* data) {
+  // On CUDA's callback thread: no CUDA calls here, hand over and return.
+  std::unique_ptr<InFlight> done(static_cast<InFlight*>(data));
+  CudaBackend* self = done->backend;
+  absl::MutexLock lock(&self->done_mu_);
+  self->done_.push_back(std::move(done));
+}
+
+void CudaBackend::CompletionLoop() {
+  while (true) {
+    std::unique_ptr<InFlight> done;
+    {
+      absl::MutexLock lock(&done_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) {
+        return !done_.empty() || stopping_;
+      };
+      done_mu_.Await(absl::Condition(&ready));
+      if (done_.empty()) return;
+      done = std::move(done_.front());
+      done_.pop_front();
+    }
+    Finish(std::move(done));
+  }
+}
+
+void CudaBackend::Finish(std::unique_ptr<InFlight> done) {
+  TransferOp& op = *done->op;
+  const OwnerTag owner = op.owner;
+  const CopyDirection direction = op.task.direction;
+  // Unpinned before the last layer is signalled, as on the CPU path.
+  op.host_pages.Release();
+  if (!done->failed) {
+    HostPool& pool = *op.import->pool();
+    (direction == CopyDirection::kHostToDevice ? pool.completed_loads()
+                                               : pool.completed_backups())
+        .fetch_add(1);
+    op.signals->Publish(op.signal_index, op.layer_end - op.layer_begin);
+    if (options_.metrics != nullptr) {
+      const absl::Time now = absl::Now();
+      options_.metrics->RecordLayerReady(direction, now - op.submitted);
+      options_.metrics->RecordTransfer(direction, op.task.mechanism, op.bytes,
+                                       now - done->enqueued);
+    }
+  } else {
+    spdlog::warn("GPU op {} failed", op.op_id);
+  }
+  op.signals->Finish(op.signal_index, done->failed);
+  done.reset();  // drops the import: may close its stream and mappings
+  absl::MutexLock lock(&mu_);
+  --total_in_flight_;
+  if (--in_flight_[owner] == 0) {
+    in_flight_.erase(owner);
+    auto it = last_op_.find(owner);
+    if (it != last_op_.end()) {
+      cudaEventDestroy(it->second.event);
+      last_op_.erase(it);
+    }
+  }
+}
+
+void CudaBackend::AwaitIdle(std::optional<OwnerTag> owner) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return owner.has_value() ? !in_flight_.contains(*owner)
+                             : total_in_flight_ == 0;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+}  // namespace hostkv

@@ -1,0 +1,97 @@
+// GpuBackend with CUDA: the devices, pool pinning, IPC imports, and the
+// operations in flight on the imports' streams.
+#ifndef HOSTKV_SERVER_CUDA_CUDA_BACKEND_H_
+#define HOSTKV_SERVER_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "server/cuda/ipc_mappings.h"
+#include "server/gpu_backend.h"
+
+namespace hostkv {
+
+class CudaBackend : public GpuBackend {
+ public:
+  // NotFound without a usable device; FailedPrecondition if the driver
+  // lacks what hostkv needs.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      const GpuBackendOptions& options);
+  // Waits for every operation in flight.
+  ~CudaBackend() override;
+
+  std::string Describe() const override;
+  std::unique_ptr<PoolPinning> StartPinning(
+      const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+      std::function<void(bool ok)> done) override;
+  absl::StatusOr<std::unique_ptr<DeviceImport>> OpenImport(
+      std::shared_ptr<HostPool> pool, const GpuImportSpec& spec) override;
+  absl::Status Enqueue(std::unique_ptr<TransferOp> op) override
+      ABSL_LOCKS_EXCLUDED(mu_, done_mu_);
+  void AwaitIdle(std::optional<OwnerTag> owner) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Device {
+    int ordinal;
+    std::string uuid;  // 16 bytes
+    std::string name;
+    int major, minor;
+    uint64_t memory;
+    bool stream_mem_ops64;
+  };
+  // An operation whose copies are on a stream; finished by the completion
+  // thread once the stream reaches it.
+  struct InFlight {
+    CudaBackend* backend;
+    std::unique_ptr<TransferOp> op;
+    bool failed;
+    absl::Time enqueued;
+  };
+  // The last operation a session put on a stream: a later one on another
+  // stream (another import) waits for it, keeping the session's order.
+  struct LastOp {
+    cudaStream_t stream;
+    cudaEvent_t event;
+    int device;
+  };
+
+  explicit CudaBackend(const GpuBackendOptions& options);
+  absl::StatusOr<int> ResolveDevice(const GpuBufferRef& ref,
+                                    const std::string& where) const;
+  void OrderAfterLastOp(OwnerTag owner, cudaStream_t stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void RecordLastOp(OwnerTag owner, cudaStream_t stream, int device)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static void OnStreamReached(void* in_flight);
+  void CompletionLoop() ABSL_LOCKS_EXCLUDED(done_mu_);
+  void Finish(std::unique_ptr<InFlight> done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const GpuBackendOptions options_;
+  std::vector<Device> devices_;
+  IpcMappings mappings_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<OwnerTag, uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint32_t total_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<OwnerTag, LastOp> last_op_ ABSL_GUARDED_BY(mu_);
+
+  // Filled by CUDA's callback thread (which must not call CUDA).
+  absl::Mutex done_mu_;
+  std::deque<std::unique_ptr<InFlight>> done_ ABSL_GUARDED_BY(done_mu_);
+  bool stopping_ ABSL_GUARDED_BY(done_mu_) = false;
+  std::thread completer_;
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_CUDA_CUDA_BACKEND_H_

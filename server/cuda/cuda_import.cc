@@ -1,0 +1,56 @@
+#include "server/cuda/cuda_import.h"
+
+#include <cuda.h>
+
+#include <limits>
+#include <utility>
+
+#include "kernels/cuda/driver_api.h"
+#include "proto/contract/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+
+absl::StatusOr<std::unique_ptr<CudaImportState>> CudaImportState::Create(
+    int device, std::vector<IpcMappingRef> mappings, uint64_t* signal_words,
+    uint32_t num_layers) {
+  ScopedDevice on_device(device);
+  RETURN_IF_ERROR(on_device.status());
+  std::unique_ptr<CudaImportState> state(new CudaImportState(
+      device, std::move(mappings), signal_words, num_layers));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&state->stream_, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&state->side_stream_, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags"));
+  return state;
+}
+
+CudaImportState::~CudaImportState() {
+  ScopedDevice on_device(device_);
+  for (cudaStream_t* stream : {&stream_, &side_stream_}) {
+    if (*stream == nullptr) continue;
+    const absl::Status s = CudaStatus(cudaStreamSynchronize(*stream),
+                                      "cudaStreamSynchronize");
+    if (!s.ok()) spdlog::warn("closing a CUDA import: {}", std::string(s.message()));
+    cudaStreamDestroy(*stream);
+  }
+  // mappings_ close after the streams are idle (member destruction).
+}
+
+void CudaImportState::ReleaseWaits() {
+  if (signal_words_ == nullptr) return;
+  absl::StatusOr<const DriverApi*> api = GetDriverApi();
+  if (!api.ok()) return;
+  ScopedDevice on_device(device_);
+  const CUresult r = (*api)->stream_write_value64(
+      reinterpret_cast<CUstream>(side_stream_),
+      reinterpret_cast<CUdeviceptr>(signal_words_ + num_layers_),
+      std::numeric_limits<uint64_t>::max(), CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != CUDA_SUCCESS) {
+    spdlog::warn("{}", DriverStatus(r, "releasing KV-written waits").ToString());
+  }
+}
+
+}  // namespace hostkv

@@ -1,0 +1,59 @@
+// GpuImportState with CUDA: the mappings of one registration's buffers, the
+// stream its operations run on, and its signal words.
+#ifndef HOSTKV_SERVER_CUDA_CUDA_IMPORT_H_
+#define HOSTKV_SERVER_CUDA_CUDA_IMPORT_H_
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/cuda/ipc_mappings.h"
+#include "server/gpu_backend.h"
+
+namespace hostkv {
+
+class CudaImportState : public GpuImportState {
+ public:
+  // Creates the import's streams on `device`. `signal_words` (in the
+  // daemon's mapping, or null) has num_layers + 1 words.
+  static absl::StatusOr<std::unique_ptr<CudaImportState>> Create(
+      int device, std::vector<IpcMappingRef> mappings, uint64_t* signal_words,
+      uint32_t num_layers);
+  // Waits for the import's stream, then destroys it and closes its mappings.
+  ~CudaImportState() override;
+
+  int device() const override { return device_; }
+  bool has_signals() const override { return signal_words_ != nullptr; }
+  uint64_t NextSignalValue() override { return ++last_signal_value_; }
+  void ReleaseWaits() override;
+
+  cudaStream_t stream() const { return stream_; }
+  // word[l] for layer l, word[num_layers] = "KV written"; null without them.
+  uint64_t* signal_words() const { return signal_words_; }
+  uint32_t num_layers() const { return num_layers_; }
+
+ private:
+  CudaImportState(int device, std::vector<IpcMappingRef> mappings,
+                  uint64_t* signal_words, uint32_t num_layers)
+      : device_(device),
+        mappings_(std::move(mappings)),
+        signal_words_(signal_words),
+        num_layers_(num_layers) {}
+
+  const int device_;
+  std::vector<IpcMappingRef> mappings_;
+  uint64_t* const signal_words_;
+  const uint32_t num_layers_;
+  std::atomic<uint64_t> last_signal_value_{0};
+  cudaStream_t stream_ = nullptr;
+  // For ReleaseWaits, which must not queue behind a blocked wait.
+  cudaStream_t side_stream_ = nullptr;
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_CUDA_CUDA_IMPORT_H_

@@ -1,0 +1,179 @@
+#include "server/cuda/cuda_transfer.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/copy_plan.h"
+#include "kernels/cuda/copy_kernels.h"
+#include "kernels/cuda/driver_api.h"
+#include "kernels/kernel_copy_plan.h"
+
+namespace hostkv {
+namespace {
+
+// Set once the driver turns cudaMemcpyBatchAsync down (older than 12.8).
+std::atomic<bool> batch_unsupported{false};
+
+// Copy-engine path for one layer: every coalesced piece of every plane in
+// one batched call (per-piece cudaMemcpyAsync when batches are unsupported).
+absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
+                             cudaStream_t stream) {
+  const CopyTask& task = op.task;
+  const bool to_device = task.direction == CopyDirection::kHostToDevice;
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  for (uint32_t kv = 0; kv < task.geometry.kv_planes(); ++kv) {
+    uint8_t* device = task.layers[layer].plane[kv];
+    ForEachPiece(task, layer, kv, 0, task.total_tokens,
+                 [&](const CopyPiece& piece) {
+                   uint8_t* host_ptr = task.host_base + piece.host;
+                   uint8_t* device_ptr = device + piece.device;
+                   dsts.push_back(to_device ? device_ptr : host_ptr);
+                   srcs.push_back(to_device ? host_ptr : device_ptr);
+                   sizes.push_back(piece.bytes);
+                 });
+  }
+  if (dsts.empty()) return absl::OkStatus();
+  if (!batch_unsupported.load(std::memory_order_relaxed)) {
+    cudaMemcpyAttributes attrs{};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attrs_index = 0;
+    const cudaError_t error = cudaMemcpyBatchAsync(
+        dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attrs,
+        &attrs_index, 1, stream);
+    if (error == cudaSuccess) return absl::OkStatus();
+    if (error != cudaErrorNotSupported &&
+        error != cudaErrorCallRequiresNewerDriver) {
+      return CudaStatus(error, absl::StrCat("cudaMemcpyBatchAsync of layer ",
+                                            layer, " (", dsts.size(),
+                                            " copies)"));
+    }
+    cudaGetLastError();
+    batch_unsupported.store(true, std::memory_order_relaxed);
+  }
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const cudaError_t error = cudaMemcpyAsync(dsts[i], srcs[i], sizes[i],
+                                              cudaMemcpyDefault, stream);
+    if (error != cudaSuccess) {
+      return CudaStatus(error, absl::StrCat("cudaMemcpyAsync of layer ", layer));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Kernel path: the token index arrays go up once, then one launch per layer.
+class KernelCopies {
+ public:
+  KernelCopies(const TransferOp& op, uint8_t* pool_device_base,
+               unsigned blocks, cudaStream_t stream)
+      : op_(op), pool_device_base_(pool_device_base), blocks_(blocks),
+        stream_(stream) {}
+  ~KernelCopies() {
+    if (index_ != nullptr) cudaFreeAsync(index_, stream_);
+  }
+
+  absl::Status Upload() {
+    if (pool_device_base_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "the pool has no device address for copy kernels");
+    }
+    index_host_ = BuildTokenIndex(op_.task.runs);
+    const uint64_t n = index_host_.host_tokens.size();
+    if (n == 0) return absl::OkStatus();
+    const size_t bytes = n * sizeof(uint64_t);
+    absl::Status s = CudaStatus(
+        cudaMallocAsync(reinterpret_cast<void**>(&index_), 2 * bytes, stream_),
+        "cudaMallocAsync of the token index");
+    // From pageable memory: staged before the call returns.
+    if (s.ok()) {
+      s = CudaStatus(cudaMemcpyAsync(index_, index_host_.host_tokens.data(),
+                                     bytes, cudaMemcpyHostToDevice, stream_),
+                     "uploading the token index");
+    }
+    if (s.ok()) {
+      s = CudaStatus(cudaMemcpyAsync(index_ + n,
+                                     index_host_.device_tokens.data(), bytes,
+                                     cudaMemcpyHostToDevice, stream_),
+                     "uploading the token index");
+    }
+    return s;
+  }
+
+  absl::Status Layer(uint32_t layer) {
+    const uint64_t n = index_host_.host_tokens.size();
+    if (n == 0) return absl::OkStatus();
+    KernelCopyArgs args{};
+    args.geometry = op_.task.geometry;
+    args.host_base = pool_device_base_;
+    args.device_plane[0] = op_.task.layers[layer].plane[0];
+    args.device_plane[1] = op_.task.layers[layer].plane[1];
+    args.host_tokens = index_;
+    args.device_tokens = index_ + n;
+    args.num_tokens = n;
+    args.layer = layer;
+    args.direction = op_.task.direction;
+    return CudaStatus(
+        static_cast<cudaError_t>(LaunchLayerCopyKernel(args, blocks_, stream_)),
+        absl::StrCat("copy kernel of layer ", layer));
+  }
+
+ private:
+  const TransferOp& op_;
+  uint8_t* const pool_device_base_;
+  const unsigned blocks_;
+  const cudaStream_t stream_;
+  TokenIndex index_host_;
+  uint64_t* index_ = nullptr;
+};
+
+}  // namespace
+
+absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
+                             uint8_t* pool_device_base,
+                             const CudaTransferOptions& options) {
+  const cudaStream_t stream = gpu.stream();
+  const DriverApi* api = nullptr;
+  if (gpu.has_signals()) {
+    absl::StatusOr<const DriverApi*> loaded = GetDriverApi();
+    if (!loaded.ok()) return loaded.status();
+    api = *loaded;
+  }
+  absl::Status status;
+  if (api != nullptr && op.wait_kv_written != 0 &&
+      op.task.direction == CopyDirection::kDeviceToHost) {
+    status = DriverStatus(
+        api->stream_wait_value64(
+            reinterpret_cast<CUstream>(stream),
+            reinterpret_cast<CUdeviceptr>(gpu.signal_words() + gpu.num_layers()),
+            op.wait_kv_written, CU_STREAM_WAIT_VALUE_GEQ),
+        "waiting for KV written");
+  }
+  const bool kernel = op.task.mechanism == CopyMechanism::kKernel;
+  KernelCopies kernels(op, pool_device_base, options.kernel_blocks, stream);
+  if (status.ok() && kernel) status = kernels.Upload();
+  for (uint32_t layer = op.layer_begin; layer < op.layer_end; ++layer) {
+    if (status.ok()) {
+      status = kernel ? kernels.Layer(layer) : EnqueueLayerDma(op, layer, stream);
+    }
+    if (api == nullptr) continue;
+    // Signalled even after a failure: an engine stream waiting for this
+    // layer must not hang; the failure reaches the client through the
+    // operation's signal record.
+    const absl::Status signalled = DriverStatus(
+        api->stream_write_value64(
+            reinterpret_cast<CUstream>(stream),
+            reinterpret_cast<CUdeviceptr>(gpu.signal_words() + layer),
+            op.signal_value, CU_STREAM_WRITE_VALUE_DEFAULT),
+        absl::StrCat("signalling layer ", layer));
+    if (status.ok()) status = signalled;
+  }
+  return status;
+}
+
+}  // namespace hostkv

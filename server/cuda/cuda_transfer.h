@@ -1,0 +1,30 @@
+// Puts one transfer on its import's stream: the wait for "KV written"
+// (backups), then per layer the copies (SM kernel or copy-engine DMA)
+// followed by the layer's signal word.
+#ifndef HOSTKV_SERVER_CUDA_CUDA_TRANSFER_H_
+#define HOSTKV_SERVER_CUDA_CUDA_TRANSFER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "server/cuda/cuda_import.h"
+#include "server/transfer_engine.h"
+
+namespace hostkv {
+
+struct CudaTransferOptions {
+  unsigned kernel_blocks = 0;  // 0: the kernel's default
+};
+
+// Enqueues everything for `op` on gpu.stream() (the import's device must be
+// current). `pool_device_base` is the pool as kernels address it (may be
+// null for DIRECT). Every layer's signal word is written even when a copy
+// fails to enqueue, so no engine stream waits forever; the first error is
+// returned (the operation must then be reported failed).
+absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
+                             uint8_t* pool_device_base,
+                             const CudaTransferOptions& options);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_CUDA_CUDA_TRANSFER_H_
