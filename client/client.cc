@@ -251,13 +251,15 @@ absl::Status Client::DeletePool(const std::string& name) {
 absl::StatusOr<uint64_t> Client::RegisterDeviceBuffers(
     const std::string& pool, uint64_t token_slots,
     const std::vector<v1::DeviceBuffer>& k,
-    const std::vector<v1::DeviceBuffer>& v) {
+    const std::vector<v1::DeviceBuffer>& v,
+    const v1::DeviceBuffer* gpu_signals) {
   v1::RegisterDeviceBuffersRequest request;
   request.set_session_id(impl_->session_id);
   request.set_pool(pool);
   request.set_token_slots(token_slots);
   for (const auto& b : k) *request.add_k_buffers() = b;
   for (const auto& b : v) *request.add_v_buffers() = b;
+  if (gpu_signals != nullptr) *request.mutable_gpu_signals() = *gpu_signals;
   ASSIGN_OR_RETURN(v1::RegisterDeviceBuffersResponse response,
                    (impl_->Call<v1::RegisterDeviceBuffersRequest,
                                 v1::RegisterDeviceBuffersResponse>(
@@ -343,6 +345,7 @@ absl::StatusOr<Operation> Client::Transfer(
   request.set_layer_begin(options.layer_begin);
   request.set_layer_end(options.layer_end);
   request.set_mechanism(options.mechanism);
+  request.set_wait_kv_written(options.wait_kv_written);
   ASSIGN_OR_RETURN(
       v1::TransferResponse response,
       (impl_->Call<v1::TransferRequest, v1::TransferResponse>(
@@ -357,6 +360,7 @@ absl::StatusOr<Operation> Client::Transfer(
   op.num_layers = response.num_layers();
   op.num_tokens = response.num_tokens();
   op.bytes = response.bytes();
+  op.signal_value = response.signal_value();
   return op;
 }
 

@@ -34,6 +34,7 @@ absl::StatusOr<DriverApi> LoadDriverApi() {
   if (s.ok()) s = Lookup("cuGetErrorString", &api.get_error_string);
   if (s.ok()) s = Lookup("cuDeviceGet", &api.device_get);
   if (s.ok()) s = Lookup("cuDeviceGetAttribute", &api.device_get_attribute);
+  if (s.ok()) s = Lookup("cuPointerGetAttribute", &api.pointer_get_attribute);
   if (!s.ok()) return s;
   return api;
 }

@@ -27,6 +27,8 @@ struct DriverApi {
   CUresult (*device_get)(CUdevice* device, int ordinal);
   CUresult (*device_get_attribute)(int* value, CUdevice_attribute attribute,
                                    CUdevice device);
+  CUresult (*pointer_get_attribute)(void* data, CUpointer_attribute attribute,
+                                    CUdeviceptr ptr);
 };
 
 // The driver functions, looked up once. FailedPrecondition without a driver.

@@ -49,12 +49,18 @@ struct Operation {
   uint32_t num_layers = 0;
   uint64_t num_tokens = 0;
   uint64_t bytes = 0;
+  // CUDA imports with GPU signals: the value each layer's signal word takes
+  // once that layer is copied (GpuSignals::WaitLayer waits for it).
+  uint64_t signal_value = 0;
 };
 
 struct TransferOptions {
   uint32_t layer_begin = 0;
   uint32_t layer_end = 0;  // 0: every layer
   v1::CopyMechanism mechanism = v1::MECHANISM_UNSPECIFIED;
+  // CUDA backups: start once the import's "KV written" word reaches this
+  // value (GpuSignals::MarkKvWritten returns it); 0 = at once.
+  uint64_t wait_kv_written = 0;
 };
 
 struct ConnectOptions {
@@ -90,11 +96,16 @@ class Client {
   absl::Status DeletePool(const std::string& name);
 
   // Registers the device KV buffers of `pool`: k[l] and v[l] per layer (v
-  // empty for MLA), each with token_slots rows. Returns the import id.
+  // empty for MLA), each with token_slots rows: shared-memory buffers
+  // (ShmDeviceBuffer, CPU backend) or CUDA memory (ExportCudaBuffer in
+  // hostkv/cuda_buffers.h). `gpu_signals` (CUDA only, may be null) are the
+  // import's GPU completion words (GpuSignals::buffer()). Returns the import
+  // id.
   absl::StatusOr<uint64_t> RegisterDeviceBuffers(
       const std::string& pool, uint64_t token_slots,
       const std::vector<v1::DeviceBuffer>& k,
-      const std::vector<v1::DeviceBuffer>& v);
+      const std::vector<v1::DeviceBuffer>& v,
+      const v1::DeviceBuffer* gpu_signals = nullptr);
   absl::Status UnregisterDeviceBuffers(uint64_t import_id);
 
   // Allocates num_tokens host slots (a multiple of the page size).
@@ -121,7 +132,9 @@ class Client {
                                    const TransferOptions& options = {});
 
   // Blocks until layer `layer` (an absolute layer index) of `op` is copied,
-  // without calling the daemon. InvalidArgument if `op` does not cover the
+  // without calling the daemon. (CUDA imports report completion of the
+  // whole operation to the host, so this returns once every layer is done;
+  // GpuSignals::WaitLayer waits per layer on a CUDA stream.) InvalidArgument if `op` does not cover the
   // layer; Aborted if the daemon abandoned the operation; DeadlineExceeded.
   absl::Status WaitLayer(const Operation& op, uint32_t layer,
                          absl::Duration timeout = absl::Seconds(60));
