@@ -410,9 +410,10 @@ int Run() {
   if (absl::Status s = StartServer(o, d); !s.ok()) return Fail(1, s);
   if (absl::Status s = StartMetrics(d); !s.ok()) return Fail(1, s);
   PublishHealth(d);
-  spdlog::info("hostkvd {} listening on {} (backend cpu, {} copy threads, "
+  spdlog::info("hostkvd {} listening on {} (backend {}, {} copy threads, "
                "budget {}, reserve {})",
-               HOSTKV_VERSION, o.listen, o.copy_threads,
+               HOSTKV_VERSION, o.listen, d.gpu != nullptr ? "cuda+cpu" : "cpu",
+               o.copy_threads,
                o.budget == 0 ? std::string("available memory") : FormatBytes(o.budget),
                FormatBytes(o.reserve));
   WaitAndDrain(o, d);

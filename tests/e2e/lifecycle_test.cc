@@ -128,6 +128,57 @@ TEST(LifecycleTest, BadFlagsExitWithUsageCode) {
   EXPECT_NE(std::string::npos, log.find("--memory_budget")) << log;
 }
 
+// The CUDA backend is optional: on its defaults (--cuda=auto) the daemon
+// says which backend it serves; without a GPU it serves the CPU backend,
+// refuses CUDA registrations clearly, and --cuda=on refuses to start.
+TEST(LifecycleTest, CudaBackendIsOptional) {
+  std::string log;
+  EXPECT_EQ(2, testing::DaemonProcess::RunToExit(
+                   {"--listen=unix:/tmp/hostkv-flags.sock", "--cuda=maybe"}, &log));
+  EXPECT_NE(std::string::npos, log.find("--cuda")) << log;
+
+  testing::DaemonProcess daemon({"--config=" + WriteConfig(kConfig)});
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  auto client = Client::Connect(daemon.target(), "backend-check").value();
+  auto stats = client->GetPoolStats();
+  ASSERT_OK(stats);
+  ASSERT_GT(stats->pools_size(), 0);
+  const bool cuda = daemon.log().find("CUDA backend:") != std::string::npos;
+  if (cuda) {
+    // A GPU machine: pools are pinned in the background.
+    EXPECT_EQ(v1::BACKEND_CUDA, stats->pools(0).backend());
+    EXPECT_NE(v1::PIN_NOT_NEEDED, stats->pools(0).pin_state());
+    return;
+  }
+  EXPECT_NE(std::string::npos, daemon.log().find("CPU backend only:"))
+      << daemon.log();
+  EXPECT_EQ(v1::BACKEND_CPU, stats->pools(0).backend());
+  EXPECT_EQ(v1::PIN_NOT_NEEDED, stats->pools(0).pin_state());
+  EXPECT_FALSE(stats->pools(0).pinned());
+  const std::string pool = stats->pools(0).name();
+  auto info = client->GetPool(pool);
+  ASSERT_OK(info);
+  const uint32_t num_layers =
+      info->spec().geometry().has_mha()
+          ? info->spec().geometry().mha().num_layers()
+          : info->spec().geometry().mla().num_layers();
+  v1::DeviceBuffer buffer;
+  buffer.set_cuda_ipc_handle(std::string(64, 'h'));
+  buffer.set_size(1 << 20);
+  const std::vector<v1::DeviceBuffer> k(num_layers, buffer);
+  const std::vector<v1::DeviceBuffer> v(
+      info->spec().geometry().has_mha() ? num_layers : 0, buffer);
+  auto import = client->RegisterDeviceBuffers(pool, 16, k, v);
+  EXPECT_EQ(absl::StatusCode::kFailedPrecondition, import.status().code())
+      << import.status();
+  EXPECT_NE(std::string::npos, import.status().message().find("no CUDA backend"))
+      << import.status();
+
+  EXPECT_NE(0, testing::DaemonProcess::RunToExit(
+                   {"--listen=unix:/tmp/hostkv-cuda-on.sock", "--cuda=on"}, &log));
+  EXPECT_NE(std::string::npos, log.find("--cuda=on")) << log;
+}
+
 TEST(LifecycleTest, ClosingASessionFreesItsPages) {
   testing::DaemonProcess daemon({"--config=" + WriteConfig(kConfig)});
   ASSERT_TRUE(daemon.started()) << daemon.log();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -409,6 +410,54 @@ TEST_P(CopyEngineTest, EmptyTaskCopiesNothing) {
     }
   }
   EXPECT_TRUE(actual.Equals(expected));
+}
+
+// LayerPieces is what the GPU copy-engine path hands to cudaMemcpyBatchAsync
+// (one batch per layer): applied with memcpy here, the pieces must move
+// exactly the reference bytes; DIRECT pieces must be maximal, KERNEL pieces
+// one chunk each.
+TEST_P(CopyEngineTest, LayerPiecesAreExactlyTheBytesToMove) {
+  for (const Selection& s : Selections(spec_.page_size)) {
+    for (const bool to_device : {true, false}) {
+      SCOPED_TRACE(s.name + (to_device ? " load" : " backup"));
+      Buffers actual(pool_, device_);
+      Buffers expected = actual;
+      const std::vector<LayerBuffers> table = actual.Table();
+      const CopyTask task = MakeTask(
+          s, to_device ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost,
+          &actual, &table);
+      for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+        for (uint32_t kv = 0; kv < g_.kv_planes(); ++kv) {
+          const std::vector<CopyPiece> pieces = LayerPieces(task, layer, kv);
+          uint64_t bytes = 0;
+          for (size_t i = 0; i < pieces.size(); ++i) {
+            const CopyPiece& p = pieces[i];
+            bytes += p.bytes;
+            ASSERT_LE(p.host + p.bytes, actual.host.size());
+            ASSERT_LE(p.device + p.bytes, actual.device[layer][kv].size());
+            if (GetParam().mechanism == CopyMechanism::kKernel) {
+              ASSERT_EQ(g_.chunk_bytes(), p.bytes) << "piece " << i;
+            } else if (i > 0) {
+              const CopyPiece& q = pieces[i - 1];
+              ASSERT_FALSE(q.host + q.bytes == p.host &&
+                           q.device + q.bytes == p.device)
+                  << "pieces " << i - 1 << " and " << i << " should merge";
+            }
+            uint8_t* host = actual.host.data() + p.host;
+            uint8_t* device = actual.device[layer][kv].data() + p.device;
+            if (to_device) {
+              std::memcpy(device, host, p.bytes);
+            } else {
+              std::memcpy(host, device, p.bytes);
+            }
+          }
+          ASSERT_EQ(task.total_tokens * g_.token_stride(), bytes);
+        }
+        ReferenceCopy(s, to_device, layer, &expected);
+        ASSERT_TRUE(actual.Equals(expected)) << "after layer " << layer;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLayouts, CopyEngineTest,
