@@ -33,6 +33,23 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
                           p.name(), LayoutName(p.layout()), p.page_size(),
                           p.used_pages(), p.free_pages(), pct,
                           Bytes(p.capacity_bytes()), p.loads(), p.backups());
+    switch (p.pin_state()) {  // CUDA backend only
+      case v1::PIN_PINNING:
+        absl::StrAppendFormat(
+            &out, "    cuda: pinning, %s of %s done (%.1f s so far)\n",
+            Bytes(p.pinned_bytes()), Bytes(p.capacity_bytes()), p.pin_seconds());
+        break;
+      case v1::PIN_PINNED:
+        absl::StrAppendFormat(&out, "    cuda: pinned in %.1f s\n",
+                              p.pin_seconds());
+        break;
+      case v1::PIN_FAILED:
+        absl::StrAppendFormat(&out, "    cuda: pinning failed: %s\n",
+                              p.pin_error());
+        break;
+      default:
+        break;
+    }
     for (const v1::SessionUsage& s : p.sessions()) {
       absl::StrAppendFormat(&out, "    session %-4d %-20s %d pages (%s), %d imports\n",
                             s.session_number(), s.client_name(), s.pages(),
