@@ -1,5 +1,6 @@
 // RequestHandler: the data-path requests: slots, transfers and page access.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -112,6 +113,10 @@ absl::Status RequestHandler::CheckGpuTransfer(
     return absl::InvalidArgumentError(
         "wait_kv_written needs a backup through a CUDA import registered "
         "with gpu_signals");
+  }
+  if (request.wait_kv_written() > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wait_kv_written ", request.wait_kv_written(), " exceeds 2^63 - 1"));
   }
   if (gpu == nullptr) return absl::OkStatus();
   const PoolPinning::Progress pin = pool.pin_progress();

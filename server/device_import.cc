@@ -51,7 +51,13 @@ DeviceImport::DeviceImport(std::shared_ptr<HostPool> pool, uint64_t token_slots)
   pool_->imports().fetch_add(1);
 }
 
-DeviceImport::~DeviceImport() { pool_->imports().fetch_sub(1); }
+DeviceImport::~DeviceImport() {
+  // The mappings close first: once the pool stops counting this import, its
+  // buffers are no longer touched.
+  gpu_.reset();
+  segments_.clear();
+  pool_->imports().fetch_sub(1);
+}
 
 absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
     std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/contract/status_macros.h"
 #include "server/request_validation.h"
 #include "server/stats_report.h"
@@ -196,6 +197,24 @@ RequestHandler::RegisterDeviceBuffers(
   return response;
 }
 
+absl::Status RequestHandler::AwaitLastUse(std::shared_ptr<DeviceImport>& import) {
+  // Nobody can take a new reference once the session dropped its own, so
+  // the count only falls; the last one closes the import on this thread.
+  constexpr absl::Duration kPoll = absl::Milliseconds(1);
+  constexpr absl::Duration kPatience = absl::Seconds(60);
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (import.use_count() > 1) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "copies through this import still run after ",
+          absl::FormatDuration(kPatience), "; it closes when they finish"));
+    }
+    absl::SleepFor(kPoll);
+  }
+  import.reset();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::UnregisterDeviceBuffersResponse>
 RequestHandler::UnregisterDeviceBuffers(
     const v1::UnregisterDeviceBuffersRequest& request) {
@@ -204,9 +223,11 @@ RequestHandler::UnregisterDeviceBuffers(
   ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
                    session->GetImport(request.import_id()));
   RETURN_IF_ERROR(session->RemoveImport(request.import_id()));
-  // Its operations in flight keep it open until they finish; none of them
-  // may wait for "KV written" any more.
+  // Its operations (queued or in flight) hold it; none of them may wait for
+  // "KV written" any more. Returning only once they are done means the
+  // engine may free its buffers as soon as this call returns.
   if (import->gpu() != nullptr) import->gpu()->ReleaseWaits();
+  RETURN_IF_ERROR(AwaitLastUse(import));
   spdlog::info("session {}: import {} closed", session->tag(),
                request.import_id());
   return v1::UnregisterDeviceBuffersResponse();

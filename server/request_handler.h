@@ -103,6 +103,9 @@ class RequestHandler {
   // its imports, frees its pages. The session is out of the registry.
   v1::CloseSessionResponse Release(Session& session, const char* reason);
   absl::Status CheckServing() const;
+  // Waits until `import` (already out of its session) is used by no
+  // operation, then closes it. DeadlineExceeded if copies run on too long.
+  absl::Status AwaitLastUse(std::shared_ptr<DeviceImport>& import);
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
   // The CUDA side of a transfer: the pool is pinned, the mechanism can reach

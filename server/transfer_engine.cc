@@ -6,6 +6,14 @@
 
 namespace hostkv {
 
+void FinishOp(std::unique_ptr<TransferOp> op, bool failed) {
+  op->host_pages.Release();
+  std::shared_ptr<SignalBoard> signals = std::move(op->signals);
+  const uint32_t index = op->signal_index;
+  op.reset();
+  signals->Finish(index, failed);
+}
+
 TransferEngine::TransferEngine(unsigned copy_threads, DaemonMetrics* metrics,
                                GpuBackend* gpu)
     : metrics_(metrics),
@@ -23,8 +31,7 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(
     std::unique_ptr<TransferOp> op) {
   absl::MutexLock lock(&mu_);
   if (stopping_) {
-    op->host_pages.Release();
-    op->signals->Finish(op->signal_index, /*failed=*/true);
+    FinishOp(std::move(op), /*failed=*/true);
     return absl::UnavailableError("the daemon is shutting down");
   }
   // Assigned under the queue's lock: values follow the queue order, which
@@ -73,23 +80,22 @@ void TransferEngine::DispatchLoop() {
       // Not started for a session that ended (gpu_ is never null here: CUDA
       // imports need the backend).
       if (gpu_ == nullptr || op->signals->cancelled()) {
-        op->host_pages.Release();
-        op->signals->Finish(op->signal_index, /*failed=*/true);
+        FinishOp(std::move(op), /*failed=*/true);
       } else if (absl::Status s = gpu_->Enqueue(std::move(op)); !s.ok()) {
         spdlog::error("GPU transfer failed to enqueue: {}", std::string(s.message()));
       }
     } else {
       // Keeps a session's order when it mixes CUDA and CPU imports.
       if (gpu_ != nullptr) gpu_->AwaitIdle(op->owner);
-      Run(*op);
+      const bool completed = Run(*op);
+      FinishOp(std::move(op), !completed);
     }
-    op.reset();  // release the import and pool before reporting idle
     absl::MutexLock lock(&mu_);
     running_op_ = false;
   }
 }
 
-void TransferEngine::Run(TransferOp& op) {
+bool TransferEngine::Run(TransferOp& op) {
   const absl::Time start = absl::Now();
   const CopyDirection direction = op.task.direction;
   std::atomic<bool> complete{false};
@@ -114,15 +120,13 @@ void TransferEngine::Run(TransferOp& op) {
       });
   if (!complete.load()) {
     spdlog::debug("op {} abandoned: its session ended", op.op_id);
-    op.host_pages.Release();
-    op.signals->Finish(op.signal_index, /*failed=*/true);
-    return;
+    return false;
   }
   if (metrics_ != nullptr) {
     metrics_->RecordTransfer(direction, op.task.mechanism, op.bytes,
                              absl::Now() - start);
   }
-  op.signals->Finish(op.signal_index, /*failed=*/false);
+  return true;
 }
 
 }  // namespace hostkv

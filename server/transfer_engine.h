@@ -46,6 +46,11 @@ struct TransferOp {
   uint64_t wait_kv_written = 0;
 };
 
+// Ends an operation: unpins its pages, drops it (and with it the import and
+// pool, so a client that sees the end finds the daemon done with its
+// buffers), then marks its signal record finished (or failed).
+void FinishOp(std::unique_ptr<TransferOp> op, bool failed);
+
 // Thread-safe.
 class TransferEngine {
  public:
@@ -67,7 +72,8 @@ class TransferEngine {
 
  private:
   void DispatchLoop();
-  void Run(TransferOp& op);
+  // Copies `op` on the CPU; false if it was abandoned (session ended).
+  bool Run(TransferOp& op);
 
   DaemonMetrics* const metrics_;
   GpuBackend* const gpu_;

@@ -218,15 +218,27 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
     ++total_in_flight_;
   }
   auto in_flight = std::make_unique<InFlight>(
-      InFlight{this, std::move(op), false, absl::Now()});
+      InFlight{this, std::move(op), false, absl::Now(), PinnedBlock{}});
   const TransferOp& o = *in_flight->op;
   ScopedDevice on_device(gpu->device());
   absl::Status status = on_device.status();
+  const bool kernel = o.task.mechanism == CopyMechanism::kKernel;
+  if (status.ok() && kernel) {
+    absl::StatusOr<PinnedBlock> block =
+        staging_.Acquire(2 * o.task.total_tokens * sizeof(uint64_t));
+    if (block.ok()) {
+      in_flight->token_index = *block;
+      status = FillTokenIndex(o.task, *block);
+    } else {
+      status = block.status();
+    }
+  }
   if (status.ok()) {
     const PoolPinning* pinning = o.import->pool()->pinning();
     OrderAfterLastOp(owner, gpu->stream());
     status = EnqueueTransfer(
         o, *gpu, pinning != nullptr ? pinning->device_base() : nullptr,
+        kernel ? &in_flight->token_index : nullptr,
         CudaTransferOptions{options_.kernel_blocks});
     RecordLastOp(owner, gpu->stream(), gpu->device());
   }
@@ -274,28 +286,30 @@ void CudaBackend::CompletionLoop() {
 }
 
 void CudaBackend::Finish(std::unique_ptr<InFlight> done) {
-  TransferOp& op = *done->op;
-  const OwnerTag owner = op.owner;
-  const CopyDirection direction = op.task.direction;
-  // Unpinned before the last layer is signalled, as on the CPU path.
-  op.host_pages.Release();
+  std::unique_ptr<TransferOp> op = std::move(done->op);
+  const OwnerTag owner = op->owner;
+  const CopyDirection direction = op->task.direction;
+  staging_.Release(done->token_index);
   if (!done->failed) {
-    HostPool& pool = *op.import->pool();
+    HostPool& pool = *op->import->pool();
     (direction == CopyDirection::kHostToDevice ? pool.completed_loads()
                                                : pool.completed_backups())
         .fetch_add(1);
-    op.signals->Publish(op.signal_index, op.layer_end - op.layer_begin);
     if (options_.metrics != nullptr) {
       const absl::Time now = absl::Now();
-      options_.metrics->RecordLayerReady(direction, now - op.submitted);
-      options_.metrics->RecordTransfer(direction, op.task.mechanism, op.bytes,
+      options_.metrics->RecordLayerReady(direction, now - op->submitted);
+      options_.metrics->RecordTransfer(direction, op->task.mechanism, op->bytes,
                                        now - done->enqueued);
     }
+    // Unpinned before the layers are reported, as on the CPU path.
+    op->host_pages.Release();
+    op->signals->Publish(op->signal_index, op->layer_end - op->layer_begin);
   } else {
-    spdlog::warn("GPU op {} failed", op.op_id);
+    spdlog::warn("GPU op {} failed", op->op_id);
   }
-  op.signals->Finish(op.signal_index, done->failed);
-  done.reset();  // drops the import: may close its stream and mappings
+  // Drops the import (which may close its stream and mappings) before the
+  // record says the operation ended.
+  FinishOp(std::move(op), done->failed);
   absl::MutexLock lock(&mu_);
   --total_in_flight_;
   if (--in_flight_[owner] == 0) {

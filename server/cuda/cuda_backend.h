@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "server/cuda/ipc_mappings.h"
+#include "server/cuda/pinned_staging.h"
 #include "server/gpu_backend.h"
 
 namespace hostkv {
@@ -56,6 +57,7 @@ class CudaBackend : public GpuBackend {
     std::unique_ptr<TransferOp> op;
     bool failed;
     absl::Time enqueued;
+    PinnedBlock token_index;  // KERNEL: back to staging_ when done
   };
   // The last operation a session put on a stream: a later one on another
   // stream (another import) waits for it, keeping the session's order.
@@ -79,6 +81,7 @@ class CudaBackend : public GpuBackend {
   const GpuBackendOptions options_;
   std::vector<Device> devices_;
   IpcMappings mappings_;
+  PinnedStaging staging_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<OwnerTag, uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -18,6 +19,22 @@ absl::StatusOr<std::unique_ptr<CudaImportState>> CudaImportState::Create(
   RETURN_IF_ERROR(on_device.status());
   std::unique_ptr<CudaImportState> state(new CudaImportState(
       device, std::move(mappings), signal_words, num_layers));
+  if (signal_words != nullptr) {
+    // Words reused from an earlier registration keep their values: start
+    // above them, or a wait would pass before this import's copies.
+    std::vector<uint64_t> words(num_layers);
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy(words.data(), signal_words, num_layers * sizeof(uint64_t),
+                   cudaMemcpyDeviceToHost),
+        "reading gpu_signals"));
+    uint64_t last = 0;
+    for (uint64_t w : words) last = std::max(last, w);
+    if (last >= kReleasedKvWritten) {
+      return absl::InvalidArgumentError(
+          "gpu_signals: the words hold values near 2^63; zero them first");
+    }
+    state->last_signal_value_.store(last);
+  }
   RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&state->stream_, cudaStreamNonBlocking),
       "cudaStreamCreateWithFlags"));
@@ -47,7 +64,7 @@ void CudaImportState::ReleaseWaits() {
   const CUresult r = (*api)->stream_write_value64(
       reinterpret_cast<CUstream>(side_stream_),
       reinterpret_cast<CUdeviceptr>(signal_words_ + num_layers_),
-      std::numeric_limits<uint64_t>::max(), CU_STREAM_WRITE_VALUE_DEFAULT);
+      kReleasedKvWritten, CU_STREAM_WRITE_VALUE_DEFAULT);
   if (r != CUDA_SUCCESS) {
     spdlog::warn("{}", DriverStatus(r, "releasing KV-written waits").ToString());
   }

@@ -18,8 +18,14 @@ namespace hostkv {
 
 class CudaImportState : public GpuImportState {
  public:
+  // What ReleaseWaits writes to "KV written": the largest value that
+  // CU_STREAM_WAIT_VALUE_GEQ (a wrapping comparison) sees as >= every
+  // permitted wait_kv_written (<= 2^63 - 1).
+  static constexpr uint64_t kReleasedKvWritten = (1ull << 63) - 1;
+
   // Creates the import's streams on `device`. `signal_words` (in the
-  // daemon's mapping, or null) has num_layers + 1 words.
+  // daemon's mapping, or null) has num_layers + 1 words; signal values
+  // continue above what the layer words hold already.
   static absl::StatusOr<std::unique_ptr<CudaImportState>> Create(
       int device, std::vector<IpcMappingRef> mappings, uint64_t* signal_words,
       uint32_t num_layers);

@@ -67,75 +67,56 @@ absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
   return absl::OkStatus();
 }
 
-// Kernel path: the token index arrays go up once, then one launch per layer.
-class KernelCopies {
- public:
-  KernelCopies(const TransferOp& op, uint8_t* pool_device_base,
-               unsigned blocks, cudaStream_t stream)
-      : op_(op), pool_device_base_(pool_device_base), blocks_(blocks),
-        stream_(stream) {}
-  ~KernelCopies() {
-    if (index_ != nullptr) cudaFreeAsync(index_, stream_);
+// Kernel path: one launch per layer, reading the token index from pinned
+// host memory (filled by the caller, read through UVA).
+absl::Status EnqueueLayerKernel(const TransferOp& op, uint32_t layer,
+                                uint8_t* pool_device_base,
+                                const PinnedBlock& index, unsigned blocks,
+                                cudaStream_t stream) {
+  const uint64_t n = op.task.total_tokens;
+  if (n == 0) return absl::OkStatus();
+  if (pool_device_base == nullptr) {
+    return absl::FailedPreconditionError(
+        "the pool has no device address for copy kernels");
   }
-
-  absl::Status Upload() {
-    if (pool_device_base_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "the pool has no device address for copy kernels");
-    }
-    index_host_ = BuildTokenIndex(op_.task.runs);
-    const uint64_t n = index_host_.host_tokens.size();
-    if (n == 0) return absl::OkStatus();
-    const size_t bytes = n * sizeof(uint64_t);
-    absl::Status s = CudaStatus(
-        cudaMallocAsync(reinterpret_cast<void**>(&index_), 2 * bytes, stream_),
-        "cudaMallocAsync of the token index");
-    // From pageable memory: staged before the call returns.
-    if (s.ok()) {
-      s = CudaStatus(cudaMemcpyAsync(index_, index_host_.host_tokens.data(),
-                                     bytes, cudaMemcpyHostToDevice, stream_),
-                     "uploading the token index");
-    }
-    if (s.ok()) {
-      s = CudaStatus(cudaMemcpyAsync(index_ + n,
-                                     index_host_.device_tokens.data(), bytes,
-                                     cudaMemcpyHostToDevice, stream_),
-                     "uploading the token index");
-    }
-    return s;
-  }
-
-  absl::Status Layer(uint32_t layer) {
-    const uint64_t n = index_host_.host_tokens.size();
-    if (n == 0) return absl::OkStatus();
-    KernelCopyArgs args{};
-    args.geometry = op_.task.geometry;
-    args.host_base = pool_device_base_;
-    args.device_plane[0] = op_.task.layers[layer].plane[0];
-    args.device_plane[1] = op_.task.layers[layer].plane[1];
-    args.host_tokens = index_;
-    args.device_tokens = index_ + n;
-    args.num_tokens = n;
-    args.layer = layer;
-    args.direction = op_.task.direction;
-    return CudaStatus(
-        static_cast<cudaError_t>(LaunchLayerCopyKernel(args, blocks_, stream_)),
-        absl::StrCat("copy kernel of layer ", layer));
-  }
-
- private:
-  const TransferOp& op_;
-  uint8_t* const pool_device_base_;
-  const unsigned blocks_;
-  const cudaStream_t stream_;
-  TokenIndex index_host_;
-  uint64_t* index_ = nullptr;
-};
+  const uint64_t* tokens = reinterpret_cast<const uint64_t*>(index.device);
+  KernelCopyArgs args{};
+  args.geometry = op.task.geometry;
+  args.host_base = pool_device_base;
+  args.device_plane[0] = op.task.layers[layer].plane[0];
+  args.device_plane[1] = op.task.layers[layer].plane[1];
+  args.host_tokens = tokens;
+  args.device_tokens = tokens + n;
+  args.num_tokens = n;
+  args.layer = layer;
+  args.direction = op.task.direction;
+  return CudaStatus(
+      static_cast<cudaError_t>(LaunchLayerCopyKernel(args, blocks, stream)),
+      absl::StrCat("copy kernel of layer ", layer));
+}
 
 }  // namespace
 
+absl::Status FillTokenIndex(const CopyTask& task, const PinnedBlock& block) {
+  const uint64_t n = task.total_tokens;
+  if (block.bytes < 2 * n * sizeof(uint64_t)) {
+    return absl::InternalError("token index block too small");
+  }
+  uint64_t* host_tokens = reinterpret_cast<uint64_t*>(block.host);
+  uint64_t* device_tokens = host_tokens + n;
+  uint64_t i = 0;
+  for (const TokenRun& run : task.runs) {
+    for (uint64_t t = 0; t < run.num_tokens; ++t, ++i) {
+      host_tokens[i] = run.host_token + t;
+      device_tokens[i] = run.device_token + t;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
                              uint8_t* pool_device_base,
+                             const PinnedBlock* token_index,
                              const CudaTransferOptions& options) {
   const cudaStream_t stream = gpu.stream();
   const DriverApi* api = nullptr;
@@ -155,11 +136,15 @@ absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
         "waiting for KV written");
   }
   const bool kernel = op.task.mechanism == CopyMechanism::kKernel;
-  KernelCopies kernels(op, pool_device_base, options.kernel_blocks, stream);
-  if (status.ok() && kernel) status = kernels.Upload();
+  if (status.ok() && kernel && token_index == nullptr) {
+    status = absl::InternalError("a kernel copy without its token index");
+  }
   for (uint32_t layer = op.layer_begin; layer < op.layer_end; ++layer) {
     if (status.ok()) {
-      status = kernel ? kernels.Layer(layer) : EnqueueLayerDma(op, layer, stream);
+      status = kernel ? EnqueueLayerKernel(op, layer, pool_device_base,
+                                           *token_index, options.kernel_blocks,
+                                           stream)
+                      : EnqueueLayerDma(op, layer, stream);
     }
     if (api == nullptr) continue;
     // Signalled even after a failure: an engine stream waiting for this

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "server/cuda/cuda_import.h"
+#include "server/cuda/pinned_staging.h"
 #include "server/transfer_engine.h"
 
 namespace hostkv {
@@ -16,13 +17,21 @@ struct CudaTransferOptions {
   unsigned kernel_blocks = 0;  // 0: the kernel's default
 };
 
+// Writes the kernel's token index of `task` into `block`: total_tokens host
+// token slots, then total_tokens device token slots. InternalError if the
+// block is too small.
+absl::Status FillTokenIndex(const CopyTask& task, const PinnedBlock& block);
+
 // Enqueues everything for `op` on gpu.stream() (the import's device must be
-// current). `pool_device_base` is the pool as kernels address it (may be
-// null for DIRECT). Every layer's signal word is written even when a copy
-// fails to enqueue, so no engine stream waits forever; the first error is
-// returned (the operation must then be reported failed).
+// current). `pool_device_base` is the pool as kernels address it, and
+// `token_index` a block FillTokenIndex filled (both only needed for
+// KERNEL); the block must stay untouched until the stream passes the
+// operation. Every layer's signal word is written even when a copy fails to
+// enqueue, so no engine stream waits forever; the first error is returned
+// (the operation must then be reported failed).
 absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
                              uint8_t* pool_device_base,
+                             const PinnedBlock* token_index,
                              const CudaTransferOptions& options);
 
 }  // namespace hostkv

@@ -1,7 +1,8 @@
 // Device allocations of engine processes, opened from their CUDA IPC
-// handles. CUDA refuses to open one handle twice in a process, so each
-// handle is opened once for the whole daemon and shared by every import
-// (of any session) that names it, then closed when the last lets go.
+// handles. Each handle is opened once for the whole daemon and shared by
+// every import (of any session) that names it, then closed when the last lets
+// go: older drivers refuse a second open of one handle in a process, newer
+// ones count them, and one mapping per allocation is what both need.
 #ifndef HOSTKV_SERVER_CUDA_IPC_MAPPINGS_H_
 #define HOSTKV_SERVER_CUDA_IPC_MAPPINGS_H_
 

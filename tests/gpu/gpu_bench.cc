@@ -1,0 +1,588 @@
+// hostkv_gpu_bench: the CUDA data path through a real hostkvd, timed on the
+// GPU. Per-layer loads and all-layer backups for both mechanisms and every
+// layout, each beside the copy-engine limit measured in the same run (one
+// contiguous cudaMemcpyAsync of the same bytes, pinned host memory); and the
+// cost of the Load call beside a bare RPC (GetPool) to the same daemon.
+// Writes DIR/gpu_bench.json and DIR/gpu_bench.md and prints the table.
+//
+//   hostkv_gpu_bench --out=DIR [--target=unix:PATH] [--tokens=16384]
+//                    [--reps=5] [--quick] [--daemon_flags=--kernel_blocks=32]
+//
+// Without --target it starts hostkvd --cuda=on itself. Exits with status 2
+// and says why when there is no GPU.
+#include <cuda_runtime_api.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "hostkv/client.h"
+#include "hostkv/cuda_buffers.h"
+#include "tests/bench/bench_util.h"
+#include "tests/gpu/gpu_bench_report.h"
+#include "tests/gpu/gpu_engine.h"
+
+ABSL_FLAG(std::string, out, "",
+          "directory for gpu_bench.json and gpu_bench.md");
+ABSL_FLAG(std::string, target, "",
+          "a running hostkvd with its CUDA backend (default: start one)");
+ABSL_FLAG(uint64_t, tokens, 16384,
+          "tokens per transfer (a multiple of 64); lowered to fit /dev/shm");
+ABSL_FLAG(int, reps, 5, "measured repetitions per figure, after one warm-up");
+ABSL_FLAG(double, case_seconds, 5,
+          "stop repeating a figure after this long (at least 2 repetitions)");
+ABSL_FLAG(double, max_seconds, 75,
+          "skip the remaining transfer cases after this long");
+ABSL_FLAG(bool, quick, false, "4096 tokens, 3 repetitions (a smoke run)");
+ABSL_FLAG(bool, mla, true, "also measure an MLA (DeepSeek latent) model");
+ABSL_FLAG(std::string, daemon_flags, "",
+          "comma-separated extra flags for the hostkvd started here");
+
+namespace hostkv::gpu_bench {
+namespace {
+
+using bench::Clock;
+using bench::Num;
+using bench::Samples;
+using bench::SecondsSince;
+using gpu_testing::CudaStream;
+using gpu_testing::DeviceMemory;
+using gpu_testing::EngineKvCache;
+
+constexpr uint32_t kPageSize = 64;
+
+std::unique_ptr<testing::DaemonProcess> g_daemon;
+
+// Stops the daemon (SIGTERM: it removes its segments) and exits at once: a
+// stream left waiting must not be synchronized by exit handlers.
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "hostkv_gpu_bench: %s\n", what.c_str());
+  if (g_daemon != nullptr) {
+    const std::string log = g_daemon->log();
+    std::fprintf(stderr, "hostkvd log (end):\n%s\n",
+                 log.substr(log.size() > 4000 ? log.size() - 4000 : 0).c_str());
+  }
+  g_daemon.reset();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Fail(what + ": " + status.ToString());
+}
+template <typename T>
+T Check(absl::StatusOr<T> result, const std::string& what) {
+  Check(result.status(), what);
+  return std::move(*result);
+}
+void CheckCuda(cudaError_t error, const std::string& what) {
+  if (error != cudaSuccess) {
+    Fail(absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
+                      cudaGetErrorString(error), ")"));
+  }
+}
+
+struct Model {
+  std::string label;
+  bool mla;
+  uint32_t layers;
+  uint32_t heads;
+  uint32_t dim;  // MHA head_dim; MLA kv_lora_rank + qk_rope_head_dim
+  uint32_t planes() const { return mla ? 1 : 2; }
+  uint64_t row_bytes() const { return uint64_t{heads} * dim * 2; }  // bf16
+  uint64_t op_bytes(uint64_t tokens) const {
+    return tokens * planes() * layers * row_bytes();
+  }
+  uint64_t pool_bytes(uint64_t tokens) const {
+    return (tokens / kPageSize + 1) * kPageSize * planes() * layers *
+           row_bytes();
+  }
+};
+// Llama-3-8B's KV (2 KiB rows per plane) and DeepSeek-V3's latent.
+const Model kMha{"MHA 32L x 8H x 128D bf16", false, 32, 8, 128};
+const Model kMla{"MLA 61L x 576 bf16", true, 61, 1, 576};
+
+v1::PoolSpec Spec(const std::string& name, const Model& m, v1::Layout layout,
+                  uint64_t tokens) {
+  v1::PoolSpec spec;
+  spec.set_name(name);
+  spec.set_layout(layout);
+  spec.set_page_size(kPageSize);
+  spec.set_capacity_tokens(tokens);
+  v1::Geometry* g = spec.mutable_geometry();
+  g->set_dtype(v1::DTYPE_BF16);
+  if (m.mla) {
+    g->mutable_mla()->set_num_layers(m.layers);
+    g->mutable_mla()->set_kv_lora_rank(m.dim - 64);
+    g->mutable_mla()->set_qk_rope_head_dim(64);
+  } else {
+    g->mutable_mha()->set_num_layers(m.layers);
+    g->mutable_mha()->set_num_kv_heads(m.heads);
+    g->mutable_mha()->set_head_dim(m.dim);
+  }
+  return spec;
+}
+
+// Median time of `reps` contiguous cudaMemcpyAsync calls, after a warm-up.
+double CopyMs(void* dst, const void* src, uint64_t bytes, cudaStream_t stream,
+              int reps) {
+  cudaEvent_t start, end;
+  CheckCuda(cudaEventCreate(&start), "cudaEventCreate");
+  CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
+  Samples ms;
+  for (int i = 0; i <= reps; ++i) {
+    CheckCuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    CheckCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream),
+              "cudaMemcpyAsync");
+    CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
+    CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+    float elapsed = 0;
+    CheckCuda(cudaEventElapsedTime(&elapsed, start, end),
+              "cudaEventElapsedTime");
+    if (i > 0) ms.Add(elapsed);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  return ms.Median();
+}
+
+double Gbps(uint64_t bytes, double ms) { return ms > 0 ? bytes / ms / 1e6 : 0; }
+
+Baseline MeasureBaseline(const Model& m, uint64_t tokens, int reps) {
+  Baseline b;
+  b.model = m.label;
+  b.bytes = m.op_bytes(tokens);
+  b.layer_bytes = b.bytes / m.layers;
+  void* host = nullptr;
+  CheckCuda(cudaHostAlloc(&host, b.bytes, cudaHostAllocDefault),
+            "cudaHostAlloc");
+  std::memset(host, 1, b.bytes);
+  DeviceMemory device =
+      Check(DeviceMemory::Allocate(b.bytes), "baseline buffer");
+  CudaStream stream = Check(CudaStream::Create(), "stream");
+  b.h2d_gbps =
+      Gbps(b.bytes, CopyMs(device.data(), host, b.bytes, stream.get(), reps));
+  b.d2h_gbps =
+      Gbps(b.bytes, CopyMs(host, device.data(), b.bytes, stream.get(), reps));
+  b.layer_h2d_ms =
+      CopyMs(device.data(), host, b.layer_bytes, stream.get(), reps);
+  cudaFreeHost(host);
+  return b;
+}
+
+// The engine's side of one pool: session, KV cache, GPU signals, import,
+// the pages of one transfer and the device slots they go to.
+struct Engine {
+  std::unique_ptr<EngineKvCache> cache;
+  std::unique_ptr<GpuSignals> signals;
+  std::unique_ptr<Client> client;
+  std::string pool;
+  uint64_t import_id = 0;
+  std::vector<PageRange> pages;
+  std::vector<SlotRange> slots;
+  double pin_seconds = 0;
+  ~Engine() {
+    if (client != nullptr) client->Close().IgnoreError();
+  }
+};
+
+std::unique_ptr<Engine> StartEngine(const std::string& target, const Model& m,
+                                    v1::Layout layout, uint64_t tokens) {
+  auto e = std::make_unique<Engine>();
+  e->pool = absl::StrCat("gpubench-", m.mla ? "mla-" : "mha-",
+                         v1::Layout_Name(layout).substr(7));
+  e->client = Check(Client::Connect(target, "gpu-bench"), "connect");
+  const v1::Pool pool = Check(
+      e->client->CreatePool(Spec(e->pool, m, layout, tokens)), "create pool");
+  Check(gpu_testing::AwaitPinned(*e->client, e->pool, absl::Seconds(60)),
+        "pinning " + e->pool);
+  const v1::GetPoolStatsResponse stats =
+      Check(e->client->GetPoolStats(e->pool), "stats");
+  e->pin_seconds = stats.pools(0).pin_seconds();
+  gpu_testing::KvCacheShape shape;
+  shape.layers = m.layers;
+  shape.planes = m.planes();
+  shape.token_slots = tokens + kPageSize;  // SGLang: device size + a page
+  shape.token_stride = pool.token_stride();
+  e->cache = Check(EngineKvCache::Create(shape), "KV cache");
+  Check(e->cache->Fill(0), "clearing the KV cache");
+  e->signals = Check(GpuSignals::Create(m.layers, 0), "GPU signals");
+  e->import_id = Check(e->client->RegisterDeviceBuffers(
+                           e->pool, shape.token_slots, e->cache->k(),
+                           e->cache->v(), &e->signals->buffer()),
+                       "register");
+  e->pages = Check(e->client->Alloc(e->pool, tokens), "alloc");
+  // Device pages in a fixed shuffled order: an engine's KV cache is
+  // fragmented at page granularity.
+  std::vector<uint64_t> order(tokens / kPageSize);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(42));
+  for (uint64_t p : order) e->slots.push_back({p * kPageSize, kPageSize});
+  return e;
+}
+
+// One transfer timed on the engine's stream: an event before the call, the
+// engine's wait for each layer (all of them, or the last one only) and an
+// event after each wait. `status` is the call's or the operation's error.
+struct Timing {
+  absl::Status status;
+  double call_us = 0;
+  std::vector<double> layer_ms;  // since the first event; one per wait
+};
+
+class OpTimer {
+ public:
+  explicit OpTimer(uint32_t layers)
+      : stream_(Check(CudaStream::Create(), "stream")) {
+    events_.resize(layers + 1);
+    for (cudaEvent_t& ev : events_) {
+      CheckCuda(cudaEventCreate(&ev), "cudaEventCreate");
+    }
+  }
+  ~OpTimer() {
+    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+  }
+
+  // A stream that never passes its waits is fatal (Fail): nothing could
+  // synchronize the device after it.
+  Timing Run(Engine& e, bool load, v1::CopyMechanism mechanism,
+             bool every_layer, uint32_t layer_end = 0) {
+    TransferOptions options;
+    options.mechanism = mechanism;
+    options.layer_end = layer_end;
+    CheckCuda(cudaEventRecord(events_[0], stream_.get()), "cudaEventRecord");
+    const Clock::time_point t0 = Clock::now();
+    absl::StatusOr<Operation> op =
+        load ? e.client->Load(e.pool, e.import_id, e.pages, e.slots, options)
+             : e.client->Backup(e.pool, e.import_id, e.pages, e.slots, options);
+    Timing t;
+    t.call_us = bench::NanosBetween(t0, Clock::now()) / 1e3;
+    t.status = op.status();
+    if (!op.ok()) return t;
+    const uint32_t end = op->layer_begin + op->num_layers;
+    std::vector<uint32_t> waits;
+    for (uint32_t l = every_layer ? op->layer_begin : end - 1; l < end; ++l) {
+      waits.push_back(l);
+    }
+    for (size_t i = 0; i < waits.size(); ++i) {
+      Check(e.signals->WaitLayer(*op, waits[i], stream_.get()), "WaitLayer");
+      CheckCuda(cudaEventRecord(events_[i + 1], stream_.get()),
+                "cudaEventRecord");
+    }
+    Check(gpu_testing::AwaitStream(stream_.get(), absl::Seconds(60)),
+          "the engine stream waiting for the daemon's signals");
+    // The daemon signals every layer even when a copy failed; the
+    // operation's record says whether it did.
+    t.status = e.client->Wait(*op, absl::Seconds(60));
+    for (size_t i = 0; i < waits.size(); ++i) {
+      float ms = 0;
+      CheckCuda(cudaEventElapsedTime(&ms, events_[0], events_[i + 1]),
+                "cudaEventElapsedTime");
+      t.layer_ms.push_back(ms);
+    }
+    return t;
+  }
+
+ private:
+  CudaStream stream_;
+  std::vector<cudaEvent_t> events_;
+};
+
+// Repeats `run` after one warm-up: `reps` times, or fewer (at least 2) once
+// `seconds` have passed; stops at the first failure, which *error gets.
+template <typename Fn>
+std::vector<Timing> Repeat(int reps, double seconds, std::string* error,
+                           Fn&& run) {
+  std::vector<Timing> timings;
+  Timing warm_up = run();
+  if (!warm_up.status.ok()) {
+    *error = warm_up.status.ToString();
+    return timings;
+  }
+  const Clock::time_point start = Clock::now();
+  while (static_cast<int>(timings.size()) < reps &&
+         (timings.size() < 2 || SecondsSince(start) < seconds)) {
+    Timing t = run();
+    if (!t.status.ok()) {
+      *error = t.status.ToString();
+      break;
+    }
+    timings.push_back(std::move(t));
+  }
+  return timings;
+}
+
+CaseResult MeasureCase(Engine& e, OpTimer& timer, const Model& m,
+                       v1::Layout layout, v1::CopyMechanism mechanism, int reps,
+                       double seconds) {
+  CaseResult r;
+  r.model = m.label;
+  r.layout = v1::Layout_Name(layout).substr(7);
+  r.mechanism = v1::CopyMechanism_Name(mechanism).substr(10);
+  r.bytes = m.op_bytes(CountTokens(e.pages, kPageSize));
+  std::fprintf(stderr, "  %s %s %s\n", r.model.c_str(), r.layout.c_str(),
+               r.mechanism.c_str());
+  const std::vector<Timing> loads = Repeat(reps, seconds, &r.error, [&] {
+    return timer.Run(e, true, mechanism, true);
+  });
+  std::vector<Timing> backups;
+  if (r.error.empty()) {
+    backups = Repeat(reps, seconds, &r.error,
+                     [&] { return timer.Run(e, false, mechanism, false); });
+  }
+  if (!r.error.empty()) {
+    std::fprintf(stderr, "    failed: %s\n", r.error.c_str());
+  }
+  Samples total, first, load_call, backup_total, backup_call;
+  for (const Timing& t : loads) {
+    total.Add(t.layer_ms.back());
+    first.Add(t.layer_ms.front());
+    load_call.Add(t.call_us);
+  }
+  for (uint32_t l = 0; l < m.layers && !loads.empty(); ++l) {
+    Samples layer;
+    for (const Timing& t : loads) layer.Add(t.layer_ms[l]);
+    r.layer_ms.push_back(layer.Median());
+  }
+  for (const Timing& t : backups) {
+    backup_total.Add(t.layer_ms.back());
+    backup_call.Add(t.call_us);
+  }
+  r.load_reps = static_cast<int>(loads.size());
+  r.backup_reps = static_cast<int>(backups.size());
+  r.load_gbps = Gbps(r.bytes, total.Median());
+  r.first_layer_ms = first.Median();
+  r.backup_gbps = Gbps(r.bytes, backup_total.Median());
+  r.load_call_us = load_call.Median();
+  r.backup_call_us = backup_call.Median();
+  return r;
+}
+
+// The cost of the call: a one-layer Load of the whole scattered transfer
+// (its RPC only; each is waited for before the next) beside GetPool, the
+// bare round trip of the same daemon, interleaved so both see the same
+// noise. The call's time counts even if the copy behind it failed.
+CallCost MeasureCallCost(Engine& e, OpTimer& timer, v1::CopyMechanism mechanism,
+                         int rounds) {
+  CallCost c;
+  c.runs = e.slots.size();
+  auto load = [&] {
+    const Timing t = timer.Run(e, true, mechanism, false, 1);
+    if (t.layer_ms.empty()) Check(t.status, "Load");  // the call itself failed
+    return t.call_us;
+  };
+  auto get_pool = [&] {
+    const Clock::time_point t0 = Clock::now();
+    Check(e.client->GetPool(e.pool).status(), "GetPool");
+    return bench::NanosBetween(t0, Clock::now()) / 1e3;
+  };
+  for (int i = 0; i < 5; ++i) {
+    load();
+    get_pool();
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (int i = 0; i < 10; ++i) c.load_us.Add(load());
+    for (int i = 0; i < 10; ++i) c.get_pool_us.Add(get_pool());
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+
+// Deletes `pool` once its session's import is gone: the daemon drops a CUDA
+// import a moment after its last operation signalled completion.
+void DeletePool(const std::string& target, const std::string& pool) {
+  std::unique_ptr<Client> admin =
+      Check(Client::Connect(target, "gpu-bench-admin"), "connect");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (true) {
+    const absl::Status deleted = admin->DeletePool(pool);
+    if (!absl::IsFailedPrecondition(deleted) || absl::Now() > deadline) {
+      Check(deleted, "deleting " + pool);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+uint64_t ShmFreeBytes() {
+  struct statvfs s {};
+  if (statvfs("/dev/shm", &s) != 0) return 0;
+  return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+}
+
+std::string Today() {
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S %Z",
+                std::localtime(&now));
+  return date;
+}
+
+int Main() {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::fprintf(stderr, "hostkv_gpu_bench: --out=DIR is required\n");
+    return 2;
+  }
+  std::string why;
+  if (!gpu_testing::CudaDevicePresent(&why)) {
+    std::fprintf(stderr,
+                 "hostkv_gpu_bench: no CUDA device (%s); this benchmark needs "
+                 "a GPU\n",
+                 why.c_str());
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  CheckCuda(cudaSetDevice(0), "cudaSetDevice");
+  CheckCuda(cudaFree(nullptr), "initializing CUDA");
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  const int reps = quick ? 3 : std::max(1, absl::GetFlag(FLAGS_reps));
+  const uint64_t requested = std::max<uint64_t>(
+      kPageSize,
+      (quick ? 4096 : absl::GetFlag(FLAGS_tokens)) / kPageSize * kPageSize);
+  uint64_t tokens = requested;
+
+  Report report;
+  // One pool at a time lives in /dev/shm: lower the size until it fits.
+  const uint64_t shm_free = ShmFreeBytes();
+  while (tokens > 1024 && kMha.pool_bytes(tokens) > shm_free / 10 * 8)
+    tokens /= 2;
+  if (tokens != requested) {
+    report.notes.push_back(absl::StrCat("tokens per transfer lowered to ",
+                                        tokens, " to fit /dev/shm (",
+                                        shm_free >> 20, " MiB free)"));
+  }
+  std::vector<const Model*> models = {&kMha};
+  if (absl::GetFlag(FLAGS_mla)) models.push_back(&kMla);
+  uint64_t largest_pool = 0;
+  for (const Model* m : models)
+    largest_pool = std::max(largest_pool, m->pool_bytes(tokens));
+
+  std::string target = absl::GetFlag(FLAGS_target);
+  if (target.empty()) {
+    std::vector<std::string> args = {
+        "--log_level=info",
+        absl::StrCat("--memory_budget=", (largest_pool >> 20) + 1024, "MiB")};
+    for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags),
+                                              ',', absl::SkipEmpty())) {
+      args.emplace_back(f);
+    }
+    g_daemon = Check(gpu_testing::StartCudaDaemon(args, absl::Seconds(45)),
+                     "starting hostkvd");
+    target = g_daemon->target();
+    report.meta.push_back({"hostkvd", absl::StrCat(HOSTKVD_BINARY, " ",
+                                                   absl::StrJoin(args, " "))});
+  } else {
+    report.meta.push_back({"hostkvd", target});
+  }
+  cudaDeviceProp prop{};
+  CheckCuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  report.meta.insert(
+      report.meta.begin(),
+      {{"date", Today()},
+       {"gpu",
+        absl::StrCat(prop.name, ", ", prop.totalGlobalMem >> 30,
+                     " GiB, CUDA driver ", driver, ", runtime ", runtime)},
+       {"transfer", absl::StrCat(tokens, " tokens, page size ", kPageSize,
+                                 "; host pages "
+                                 "contiguous, device pages in a "
+                                 "shuffled order")}});
+
+  const Clock::time_point start = Clock::now();
+  std::fprintf(stderr, "baselines\n");
+  for (const Model* m : models) {
+    report.baselines.push_back(MeasureBaseline(*m, tokens, reps));
+  }
+  const double case_seconds = absl::GetFlag(FLAGS_case_seconds);
+  const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  bool call_measured = false;
+  for (const Model* m : models) {
+    OpTimer timer(m->layers);
+    std::vector<v1::Layout> layouts = {v1::LAYOUT_PAGE_FIRST,
+                                       v1::LAYOUT_PAGE_FIRST_DIRECT,
+                                       v1::LAYOUT_LAYER_FIRST};
+    if (!m->mla) layouts.push_back(v1::LAYOUT_PAGE_HEAD);
+    for (v1::Layout layout : layouts) {
+      if (SecondsSince(start) > max_seconds) {
+        report.notes.push_back(absl::StrCat("skipped ", m->label, " ",
+                                            v1::Layout_Name(layout),
+                                            ": --max_seconds reached"));
+        continue;
+      }
+      std::unique_ptr<Engine> e = StartEngine(target, *m, layout, tokens);
+      report.meta.push_back(
+          {absl::StrCat("pin ", e->pool),
+           absl::StrCat(Num(e->pin_seconds), " s for ",
+                        m->pool_bytes(tokens) >> 20, " MiB")});
+      for (v1::CopyMechanism mechanism :
+           {v1::MECHANISM_KERNEL, v1::MECHANISM_DIRECT}) {
+        // Head-by-head pieces: the copy engine path is not meant for them.
+        if (layout == v1::LAYOUT_PAGE_HEAD && mechanism == v1::MECHANISM_DIRECT)
+          continue;
+        report.cases.push_back(
+            MeasureCase(*e, timer, *m, layout, mechanism, reps, case_seconds));
+      }
+      // Measured where the copies behind the calls are quick (whole pages).
+      if (!call_measured && layout == v1::LAYOUT_PAGE_FIRST_DIRECT) {
+        std::fprintf(stderr, "  cost of the call\n");
+        report.call =
+            MeasureCallCost(*e, timer, v1::MECHANISM_DIRECT, quick ? 3 : 10);
+        call_measured = true;
+      }
+      // The daemon must let go of the KV cache before it is freed.
+      Check(e->client->Close(), "closing the session");
+      DeletePool(target, e->pool);
+      e.reset();
+    }
+  }
+  report.meta.push_back(
+      {"duration", absl::StrCat(Num(SecondsSince(start)), " s")});
+
+  const std::string md = Markdown(report);
+  for (const auto& [file, text] :
+       {std::pair<std::string, std::string>{"gpu_bench.json", Json(report)},
+        {"gpu_bench.md", md}}) {
+    std::ofstream f(out + "/" + file);
+    f << text;
+    if (!f) Fail("cannot write " + out + "/" + file);
+  }
+  if (g_daemon != nullptr) {
+    std::ofstream(out + "/gpu_bench.hostkvd.log") << g_daemon->log();
+  }
+  std::fwrite(md.data(), 1, md.size(), stdout);
+  std::fprintf(stderr, "\nwrote %s/gpu_bench.json and %s/gpu_bench.md\n",
+               out.c_str(), out.c_str());
+  g_daemon.reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace hostkv::gpu_bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return hostkv::gpu_bench::Main();
+}
