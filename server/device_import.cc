@@ -12,6 +12,9 @@ namespace hostkv {
 namespace {
 
 constexpr uint64_t kMaxDeviceTokenSlots = 1ull << 40;
+// Most bytes one device buffer may need (token_slots * token_stride): with
+// this cap the product cannot overflow, nor can any row offset below it.
+constexpr uint64_t kMaxDeviceBufferBytes = 1ull << 50;
 
 }  // namespace
 
@@ -20,6 +23,11 @@ absl::Status CheckImportShape(const PoolGeometry& g, uint64_t token_slots,
   if (token_slots == 0 || token_slots > kMaxDeviceTokenSlots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token_slots must be in [1, 2^40], got ", token_slots));
+  }
+  if (token_slots > kMaxDeviceBufferBytes / g.token_stride()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_slots ", token_slots, " x token_stride ", g.token_stride(),
+        " exceeds 2^50 bytes per buffer"));
   }
   if (k_buffers != g.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -65,7 +73,7 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
   const PoolGeometry& g = pool->geometry();
   RETURN_IF_ERROR(
       CheckImportShape(g, spec.token_slots, spec.k.size(), spec.v.size()));
-  // token_slots <= 2^40 and token_stride <= 2^28: no overflow.
+  // CheckImportShape bounds the product by 2^50: no overflow.
   const uint64_t need = spec.token_slots * g.token_stride();
   std::unique_ptr<DeviceImport> import(
       new DeviceImport(std::move(pool), spec.token_slots));

@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
   const PoolGeometry& g = pool->geometry();
   RETURN_IF_ERROR(
       CheckImportShape(g, spec.token_slots, spec.k.size(), spec.v.size()));
-  // token_slots <= 2^40 and token_stride <= 2^28: no overflow.
+  // CheckImportShape bounds the product by 2^50: no overflow.
   const uint64_t need = spec.token_slots * g.token_stride();
   std::optional<int> device;
   std::vector<IpcMappingRef> mappings;

@@ -299,6 +299,33 @@ TEST_F(RequestHandlerTest, RegistrationValidatesHandles) {
   EXPECT_EQ(1u, pools_.Get("p").value()->imports().load());
 }
 
+// token_slots x token_stride must not wrap around: with a 2^24-byte row
+// and 2^40 slots the product is 2^64, which once passed as "0 bytes needed"
+// and let transfers address memory outside the buffer.
+TEST_F(RequestHandlerTest, BufferSizeProductCannotOverflow) {
+  v1::CreatePoolRequest create;
+  v1::PoolSpec& spec = *create.mutable_spec();
+  spec.set_name("wide");
+  auto* mha = spec.mutable_geometry()->mutable_mha();
+  mha->set_num_layers(1);
+  mha->set_num_kv_heads(256);
+  mha->set_head_dim(32768);  // bf16: 2^24 bytes per row
+  spec.mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+  spec.set_page_size(1);
+  spec.set_layout(v1::LAYOUT_LAYER_FIRST);
+  spec.set_capacity_tokens(1);
+  ASSERT_OK(handler_.CreatePool(create));
+  const uint64_t s = OpenSession();
+  v1::RegisterDeviceBuffersRequest request = Registration(s);
+  request.set_pool("wide");
+  request.set_token_slots(1ull << 40);
+  while (request.k_buffers_size() > 1) request.mutable_k_buffers()->RemoveLast();
+  while (request.v_buffers_size() > 1) request.mutable_v_buffers()->RemoveLast();
+  auto r = handler_.RegisterDeviceBuffers(request);
+  EXPECT_EQ(absl::StatusCode::kInvalidArgument, r.status().code()) << r.status();
+  EXPECT_NE(std::string::npos, r.status().message().find("2^50")) << r.status();
+}
+
 TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
   CreatePool("p");
   CreatePool("q");
