@@ -43,6 +43,10 @@ class PoolPinning {
   // (cudaHostGetDevicePointer); null until pinned, or when the chunks' device
   // addresses are not one contiguous range (kernels then cannot be used).
   virtual uint8_t* device_base() const = 0;
+  // Registrations start at multiples of this many bytes from the pool's
+  // base (0: one registration covers the pool). A copy-engine copy must not
+  // cross such a boundary.
+  virtual uint64_t chunk_bytes() const = 0;
 };
 
 // One device buffer named by a CUDA IPC handle (validated).

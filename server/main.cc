@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -262,6 +263,11 @@ absl::Status StartGpuBackend(DaemonOptions o, Daemon& d) {
     spdlog::info("CUDA backend off (--cuda=off): CPU backend only");
     return absl::OkStatus();
   }
+  // Each import has its own streams; with CUDA's default of 8 hardware
+  // queues per device, streams of different engines would share queues, and
+  // one backup waiting for its engine's "KV written" could hold up another
+  // engine's loads. (Read when CUDA initializes; an operator's value wins.)
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   o.gpu.metrics = d.metrics.get();
   absl::StatusOr<std::unique_ptr<GpuBackend>> gpu = CreateGpuBackend(o.gpu);
   if (!gpu.ok()) {
@@ -417,6 +423,7 @@ int Run() {
                o.budget == 0 ? std::string("available memory") : FormatBytes(o.budget),
                FormatBytes(o.reserve));
   WaitAndDrain(o, d);
+  d.pools->SetObserver(nullptr);  // the health service goes first
   spdlog::info("hostkvd stopped");
   return 0;
 }

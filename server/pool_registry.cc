@@ -18,6 +18,17 @@ PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
       prefault_threads_(prefault_threads),
       gpu_(gpu) {}
 
+PoolRegistry::~PoolRegistry() {
+  absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    observer_ = nullptr;
+    pools.swap(pools_);
+  }
+  pools.clear();  // out of the lock: pinning threads may be in Notify
+}
+
 void PoolRegistry::Notify(const std::string& name) {
   // Serialized, and the state read inside: the last call always publishes
   // the current state, whichever thread (creation, pinning) gets here last.
@@ -26,6 +37,7 @@ void PoolRegistry::Notify(const std::string& name) {
   bool serving = false;
   {
     absl::MutexLock lock(&mu_);
+    if (closing_) return;
     observer = observer_;
     auto it = pools_.find(name);
     serving = it != pools_.end() && (it->second->pinning() == nullptr ||
@@ -103,6 +115,8 @@ std::vector<std::shared_ptr<HostPool>> PoolRegistry::List() const {
 
 void PoolRegistry::SetObserver(Observer observer) {
   {
+    // Under notify_mu_: no call of the old observer is in progress after.
+    absl::MutexLock notify_lock(&notify_mu_);
     absl::MutexLock lock(&mu_);
     observer_ = std::move(observer);
   }

@@ -27,6 +27,8 @@ class PoolRegistry {
   // created, in chunks of whole pool pages.
   PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
                unsigned prefault_threads, GpuBackend* gpu = nullptr);
+  // Stops notifying, then destroys the pools (joining pinning threads).
+  ~PoolRegistry();
 
   // Creates pool spec.name(). If it exists: returns it when attach_if_exists
   // and the spec is identical, else AlreadyExists. Errors of
@@ -51,7 +53,9 @@ class PoolRegistry {
   // pinned, if pinning failed, and after it is deleted (e.g. to publish
   // per-pool health).
   using Observer = std::function<void(const std::string& pool, bool serving)>;
-  // Sets the observer and tells it the state of every existing pool.
+  // Sets the observer and tells it the state of every existing pool. Once
+  // it returns, the previous observer is no longer called (so it may be
+  // destroyed); nullptr stops notifications.
   void SetObserver(Observer observer) ABSL_LOCKS_EXCLUDED(mu_, notify_mu_);
 
  private:
@@ -72,6 +76,7 @@ class PoolRegistry {
   absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools_
       ABSL_GUARDED_BY(mu_);
   Observer observer_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace hostkv

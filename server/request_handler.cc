@@ -25,6 +25,15 @@ RequestHandler::RequestHandler(RequestLimits limits, MemoryBudget* budget,
       metrics_(metrics),
       gpu_(gpu) {}
 
+void RequestHandler::BeginShutdown() {
+  shutting_down_.store(true);
+  for (const std::shared_ptr<Session>& session : sessions_->List()) {
+    for (const std::shared_ptr<DeviceImport>& import : session->Imports()) {
+      if (import->gpu() != nullptr) import->gpu()->ReleaseWaits();
+    }
+  }
+}
+
 absl::Status RequestHandler::CheckServing() const {
   if (shutting_down_.load()) {
     return absl::UnavailableError("hostkvd is shutting down");

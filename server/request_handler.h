@@ -86,7 +86,9 @@ class RequestHandler {
       const v1::GetPoolStatsRequest& request);
 
   // From now on, requests that would change state fail with Unavailable.
-  void BeginShutdown() { shutting_down_.store(true); }
+  // Refuses new work, and lets every backup waiting for an engine's "KV
+  // written" proceed so that draining the copies cannot hang.
+  void BeginShutdown();
 
   // Session liveness (SessionMonitor):
   // Binds session `id` to the peer of its session socket. NotFound for an

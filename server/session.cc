@@ -63,6 +63,13 @@ absl::Status Session::RemoveImport(uint64_t id) {
   return absl::OkStatus();
 }
 
+std::vector<std::shared_ptr<DeviceImport>> Session::Imports() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<DeviceImport>> out;
+  for (const auto& [id, import] : imports_) out.push_back(import);
+  return out;
+}
+
 std::vector<std::shared_ptr<DeviceImport>> Session::TakeImports() {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<DeviceImport>> out;

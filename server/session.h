@@ -75,6 +75,9 @@ class Session {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RemoveImport(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes and returns every import (session close).
+  // The imports open now.
+  std::vector<std::shared_ptr<DeviceImport>> Imports() const
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::shared_ptr<DeviceImport>> TakeImports()
       ABSL_LOCKS_EXCLUDED(mu_);
   // Number of imports per pool name.

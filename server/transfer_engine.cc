@@ -77,9 +77,10 @@ void TransferEngine::DispatchLoop() {
       running_op_ = true;
     }
     if (op->import->gpu() != nullptr) {
-      // Not started for a session that ended (gpu_ is never null here: CUDA
-      // imports need the backend).
-      if (gpu_ == nullptr || op->signals->cancelled()) {
+      // gpu_ is never null here (CUDA imports need the backend). Ops of a
+      // session that ended go too: the backend signals their layers
+      // without copying, so no engine stream waits for them forever.
+      if (gpu_ == nullptr) {
         FinishOp(std::move(op), /*failed=*/true);
       } else if (absl::Status s = gpu_->Enqueue(std::move(op)); !s.ok()) {
         spdlog::error("GPU transfer failed to enqueue: {}", std::string(s.message()));

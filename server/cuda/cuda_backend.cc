@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -175,11 +176,42 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
     }
     words = reinterpret_cast<uint64_t*>(address);
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaImportState> state,
-                   CudaImportState::Create(*device, std::move(mappings), words,
-                                           g.num_layers));
+  std::function<void()> on_close;
+  if (words != nullptr) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(words);
+    RETURN_IF_ERROR(ClaimSignalWords(
+        begin, begin + (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
+    on_close = [this, begin] { ReleaseSignalWords(begin); };
+  }
+  absl::StatusOr<std::unique_ptr<CudaImportState>> state =
+      CudaImportState::Create(*device, std::move(mappings), words, g.num_layers,
+                              on_close);
+  if (!state.ok()) {
+    if (on_close) on_close();
+    return state.status();
+  }
   return DeviceImport::ForGpu(std::move(pool), spec.token_slots,
-                              std::move(layers), std::move(state));
+                              std::move(layers), std::move(*state));
+}
+
+absl::Status CudaBackend::ClaimSignalWords(uintptr_t begin, uintptr_t end) {
+  absl::MutexLock lock(&claims_mu_);
+  auto next = claims_.lower_bound(begin);
+  const bool overlaps_next = next != claims_.end() && next->first < end;
+  const bool overlaps_prev =
+      next != claims_.begin() && std::prev(next)->second > begin;
+  if (overlaps_next || overlaps_prev) {
+    return absl::FailedPreconditionError(
+        "gpu_signals: these words are in use by another import; give each "
+        "registration its own GpuSignals");
+  }
+  claims_.emplace(begin, end);
+  return absl::OkStatus();
+}
+
+void CudaBackend::ReleaseSignalWords(uintptr_t begin) {
+  absl::MutexLock lock(&claims_mu_);
+  claims_.erase(begin);
 }
 
 void CudaBackend::OrderAfterLastOp(OwnerTag owner, cudaStream_t stream) {
@@ -221,9 +253,20 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
       InFlight{this, std::move(op), false, absl::Now(), PinnedBlock{}});
   const TransferOp& o = *in_flight->op;
   ScopedDevice on_device(gpu->device());
+  // Without its device nothing can be enqueued, not even the signals.
   absl::Status status = on_device.status();
+  bool copy = status.ok();
+  if (copy && o.signals->cancelled()) {
+    status = absl::CancelledError("the session ended before the copy started");
+    copy = false;
+  }
+  if (copy && o.wait_kv_written != 0 && gpu->released()) {
+    status = absl::CancelledError(
+        "the import was released: its KV-written mark will not come");
+    copy = false;
+  }
   const bool kernel = o.task.mechanism == CopyMechanism::kKernel;
-  if (status.ok() && kernel) {
+  if (copy && kernel) {
     absl::StatusOr<PinnedBlock> block =
         staging_.Acquire(2 * o.task.total_tokens * sizeof(uint64_t));
     if (block.ok()) {
@@ -232,14 +275,25 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
     } else {
       status = block.status();
     }
+    copy = status.ok();
   }
-  if (status.ok()) {
-    const PoolPinning* pinning = o.import->pool()->pinning();
+  if (on_device.status().ok()) {
     OrderAfterLastOp(owner, gpu->stream());
-    status = EnqueueTransfer(
-        o, *gpu, pinning != nullptr ? pinning->device_base() : nullptr,
-        kernel ? &in_flight->token_index : nullptr,
-        CudaTransferOptions{options_.kernel_blocks});
+    if (copy) {
+      const PoolPinning* pinning = o.import->pool()->pinning();
+      status = EnqueueTransfer(
+          o, *gpu, pinning != nullptr ? pinning->device_base() : nullptr,
+          kernel ? &in_flight->token_index : nullptr,
+          CudaTransferOptions{options_.kernel_blocks,
+                              pinning != nullptr ? pinning->chunk_bytes() : 0});
+    } else {
+      // No copy, but the layers are still signalled: an engine stream may
+      // already wait for them.
+      const absl::Status signalled = SignalLayers(o, *gpu);
+      if (!signalled.ok()) {
+        spdlog::error("op {}: {}", o.op_id, std::string(signalled.message()));
+      }
+    }
     RecordLastOp(owner, gpu->stream(), gpu->device());
   }
   in_flight->failed = !status.ok();
@@ -251,13 +305,13 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
   if (error != cudaSuccess) {
     // No callback will come: wait for the stream here and finish now.
     cudaGetLastError();
-    cudaStreamSynchronize(gpu->stream());
+    if (on_device.status().ok()) cudaStreamSynchronize(gpu->stream());
     std::unique_ptr<InFlight> done(raw);
     done->failed = true;
     if (status.ok()) status = CudaStatus(error, "cudaLaunchHostFunc");
     Finish(std::move(done));
   }
-  return status;
+  return absl::IsCancelled(status) ? absl::OkStatus() : status;
 }
 
 void CudaBackend::OnStreamReached(void* data) {
@@ -290,6 +344,12 @@ void CudaBackend::Finish(std::unique_ptr<InFlight> done) {
   const OwnerTag owner = op->owner;
   const CopyDirection direction = op->task.direction;
   staging_.Release(done->token_index);
+  // A backup that was let through by ReleaseWaits copied KV the engine may
+  // not have written: never report it as a good copy.
+  if (op->wait_kv_written != 0 &&
+      static_cast<CudaImportState*>(op->import->gpu())->released()) {
+    done->failed = true;
+  }
   if (!done->failed) {
     HostPool& pool = *op->import->pool();
     (direction == CopyDirection::kHostToDevice ? pool.completed_loads()

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,7 +79,16 @@ class CudaBackend : public GpuBackend {
   void CompletionLoop() ABSL_LOCKS_EXCLUDED(done_mu_);
   void Finish(std::unique_ptr<InFlight> done) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Signal words in use by a live import, [begin, end) in the daemon's
+  // mappings: two imports counting in the same words would make waits pass
+  // early. Claimed at OpenImport, released when the import closes.
+  absl::Status ClaimSignalWords(uintptr_t begin, uintptr_t end)
+      ABSL_LOCKS_EXCLUDED(claims_mu_);
+  void ReleaseSignalWords(uintptr_t begin) ABSL_LOCKS_EXCLUDED(claims_mu_);
+
   const GpuBackendOptions options_;
+  absl::Mutex claims_mu_;
+  std::map<uintptr_t, uintptr_t> claims_ ABSL_GUARDED_BY(claims_mu_);
   std::vector<Device> devices_;
   IpcMappings mappings_;
   PinnedStaging staging_;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,9 +27,10 @@ class CudaImportState : public GpuImportState {
   // Creates the import's streams on `device`. `signal_words` (in the
   // daemon's mapping, or null) has num_layers + 1 words; signal values
   // continue above what the layer words hold already.
+  // `on_close` runs when the import is closed, after its streams are idle.
   static absl::StatusOr<std::unique_ptr<CudaImportState>> Create(
       int device, std::vector<IpcMappingRef> mappings, uint64_t* signal_words,
-      uint32_t num_layers);
+      uint32_t num_layers, std::function<void()> on_close);
   // Waits for the import's stream, then destroys it and closes its mappings.
   ~CudaImportState() override;
 
@@ -36,6 +38,8 @@ class CudaImportState : public GpuImportState {
   bool has_signals() const override { return signal_words_ != nullptr; }
   uint64_t NextSignalValue() override { return ++last_signal_value_; }
   void ReleaseWaits() override;
+  // ReleaseWaits was called: "KV written" no longer means the engine wrote.
+  bool released() const { return released_.load(); }
 
   cudaStream_t stream() const { return stream_; }
   // word[l] for layer l, word[num_layers] = "KV written"; null without them.
@@ -55,6 +59,8 @@ class CudaImportState : public GpuImportState {
   uint64_t* const signal_words_;
   const uint32_t num_layers_;
   std::atomic<uint64_t> last_signal_value_{0};
+  std::atomic<bool> released_{false};
+  std::function<void()> on_close_;
   cudaStream_t stream_ = nullptr;
   // For ReleaseWaits, which must not queue behind a blocked wait.
   cudaStream_t side_stream_ = nullptr;

@@ -29,6 +29,9 @@ class CudaPoolPinning : public PoolPinning {
 
   Progress progress() const override ABSL_LOCKS_EXCLUDED(mu_);
   uint8_t* device_base() const override { return device_base_.load(); }
+  uint64_t chunk_bytes() const override {
+    return chunks_.size() > 1 ? chunks_[0].bytes : 0;
+  }
 
  private:
   void Run();

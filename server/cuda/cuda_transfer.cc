@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "kernels/cuda/copy_kernels.h"
 #include "kernels/cuda/driver_api.h"
 #include "kernels/kernel_copy_plan.h"
+#include "proto/contract/status_macros.h"
 
 namespace hostkv {
 namespace {
@@ -21,7 +23,7 @@ std::atomic<bool> batch_unsupported{false};
 // Copy-engine path for one layer: every coalesced piece of every plane in
 // one batched call (per-piece cudaMemcpyAsync when batches are unsupported).
 absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
-                             cudaStream_t stream) {
+                             uint64_t pin_chunk_bytes, cudaStream_t stream) {
   const CopyTask& task = op.task;
   const bool to_device = task.direction == CopyDirection::kHostToDevice;
   std::vector<void*> dsts;
@@ -31,11 +33,25 @@ absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
     uint8_t* device = task.layers[layer].plane[kv];
     ForEachPiece(task, layer, kv, 0, task.total_tokens,
                  [&](const CopyPiece& piece) {
-                   uint8_t* host_ptr = task.host_base + piece.host;
-                   uint8_t* device_ptr = device + piece.device;
-                   dsts.push_back(to_device ? device_ptr : host_ptr);
-                   srcs.push_back(to_device ? host_ptr : device_ptr);
-                   sizes.push_back(piece.bytes);
+                   // Cut where one pinned registration ends and the next
+                   // begins: a copy must lie within one.
+                   uint64_t host = piece.host;
+                   uint64_t dev = piece.device;
+                   uint64_t left = piece.bytes;
+                   while (left > 0) {
+                     uint64_t n = left;
+                     if (pin_chunk_bytes != 0) {
+                       n = std::min(n, pin_chunk_bytes - host % pin_chunk_bytes);
+                     }
+                     uint8_t* host_ptr = task.host_base + host;
+                     uint8_t* device_ptr = device + dev;
+                     dsts.push_back(to_device ? device_ptr : host_ptr);
+                     srcs.push_back(to_device ? host_ptr : device_ptr);
+                     sizes.push_back(n);
+                     host += n;
+                     dev += n;
+                     left -= n;
+                   }
                  });
   }
   if (dsts.empty()) return absl::OkStatus();
@@ -114,6 +130,22 @@ absl::Status FillTokenIndex(const CopyTask& task, const PinnedBlock& block) {
   return absl::OkStatus();
 }
 
+absl::Status SignalLayers(const TransferOp& op, CudaImportState& gpu) {
+  if (!gpu.has_signals()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
+  absl::Status status;
+  for (uint32_t layer = op.layer_begin; layer < op.layer_end; ++layer) {
+    const absl::Status s = DriverStatus(
+        api->stream_write_value64(
+            reinterpret_cast<CUstream>(gpu.stream()),
+            reinterpret_cast<CUdeviceptr>(gpu.signal_words() + layer),
+            op.signal_value, CU_STREAM_WRITE_VALUE_DEFAULT),
+        absl::StrCat("signalling layer ", layer));
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
 absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
                              uint8_t* pool_device_base,
                              const PinnedBlock* token_index,
@@ -144,7 +176,8 @@ absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
       status = kernel ? EnqueueLayerKernel(op, layer, pool_device_base,
                                            *token_index, options.kernel_blocks,
                                            stream)
-                      : EnqueueLayerDma(op, layer, stream);
+                      : EnqueueLayerDma(op, layer, options.pin_chunk_bytes,
+                                        stream);
     }
     if (api == nullptr) continue;
     // Signalled even after a failure: an engine stream waiting for this

@@ -14,8 +14,15 @@
 namespace hostkv {
 
 struct CudaTransferOptions {
-  unsigned kernel_blocks = 0;  // 0: the kernel's default
+  unsigned kernel_blocks = 0;    // 0: the kernel's default
+  uint64_t pin_chunk_bytes = 0;  // PoolPinning::chunk_bytes() of the pool
 };
+
+// Writes op.signal_value into every layer word of the operation, on the
+// import's stream, without copying: for operations that are abandoned
+// before their copies are enqueued, so that no engine stream waits for them
+// forever (the failure reaches the client through the signal record).
+absl::Status SignalLayers(const TransferOp& op, CudaImportState& gpu);
 
 // Writes the kernel's token index of `task` into `block`: total_tokens host
 // token slots, then total_tokens device token slots. InternalError if the

@@ -16,20 +16,15 @@ size_t PinnedStaging::RoundUp(size_t bytes) {
 
 absl::StatusOr<PinnedBlock> PinnedStaging::Acquire(size_t bytes) {
   const size_t size = RoundUp(bytes);
-  std::vector<PinnedBlock> doomed;
   {
     absl::MutexLock lock(&mu_);
-    doomed.swap(to_free_);
     auto it = free_.find(size);
     if (it != free_.end() && !it->second.empty()) {
       PinnedBlock block = it->second.back();
       it->second.pop_back();
-      for (const PinnedBlock& b : doomed) cudaFreeHost(b.host);
       return block;
     }
   }
-  // Blocks Release could not keep are freed here, where CUDA may be called.
-  for (const PinnedBlock& b : doomed) cudaFreeHost(b.host);
   PinnedBlock block;
   block.bytes = size;
   void* host = nullptr;
@@ -51,12 +46,7 @@ absl::StatusOr<PinnedBlock> PinnedStaging::Acquire(size_t bytes) {
 void PinnedStaging::Release(const PinnedBlock& block) {
   if (block.host == nullptr) return;
   absl::MutexLock lock(&mu_);
-  std::vector<PinnedBlock>& same = free_[block.bytes];
-  if (same.size() < kKeepPerSize) {
-    same.push_back(block);
-  } else {
-    to_free_.push_back(block);
-  }
+  free_[block.bytes].push_back(block);
 }
 
 PinnedStaging::~PinnedStaging() {
@@ -64,7 +54,6 @@ PinnedStaging::~PinnedStaging() {
   for (auto& [size, blocks] : free_) {
     for (const PinnedBlock& b : blocks) cudaFreeHost(b.host);
   }
-  for (const PinnedBlock& b : to_free_) cudaFreeHost(b.host);
 }
 
 }  // namespace hostkv

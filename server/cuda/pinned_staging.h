@@ -1,7 +1,9 @@
 // Pinned, GPU-mapped host blocks for per-operation data that kernels read
 // (the copy kernel's token index): cudaHostAlloc is far too slow to call per
-// operation and pageable uploads may wait for the stream, so blocks are
-// recycled. Kernels read them through UVA; nothing is uploaded.
+// operation, pageable uploads may wait for the stream, and cudaFreeHost may
+// synchronize the device, so blocks are kept and recycled until the backend
+// goes (as many as were ever in flight at once). Kernels read them through
+// UVA; nothing is uploaded.
 #ifndef HOSTKV_SERVER_CUDA_PINNED_STAGING_H_
 #define HOSTKV_SERVER_CUDA_PINNED_STAGING_H_
 
@@ -40,12 +42,8 @@ class PinnedStaging {
 
  private:
   static constexpr size_t kMinBlock = 64 << 10;
-  // Free blocks kept per size; more are freed.
-  static constexpr size_t kKeepPerSize = 8;
-
   absl::Mutex mu_;
   std::map<size_t, std::vector<PinnedBlock>> free_ ABSL_GUARDED_BY(mu_);
-  std::vector<PinnedBlock> to_free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hostkv
