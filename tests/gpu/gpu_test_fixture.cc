@@ -23,7 +23,11 @@ void SuiteDaemon::Start() {
   // This process's context keeps the GPU initialized, so the daemon's CUDA
   // start-up is quick even without persistence mode.
   cudaFree(nullptr);
-  auto daemon = StartCudaDaemon({"--memory_budget=2GiB"}, absl::Seconds(45));
+  // Small pinning chunks: most pools get several registrations, so copies
+  // that cross a registration boundary (DIRECT pieces, layer_first) and the
+  // kernel's single device range over many chunks are exercised.
+  auto daemon = StartCudaDaemon({"--memory_budget=2GiB", "--pin_chunk=64KiB"},
+                                absl::Seconds(45));
   if (daemon.ok()) {
     daemon_ = daemon->release();
     usable_ = true;

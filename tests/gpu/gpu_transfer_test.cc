@@ -464,6 +464,10 @@ TEST_F(GpuSessionTest, BadRegistrationsGetPreciseErrors) {
   // The same buffers again, without GPU signals: their mappings are shared.
   auto plain = client.RegisterDeviceBuffers("errors", kSlots, k, v);
   ASSERT_OK(plain);
+  // But the signal words of a live import are its own.
+  EXPECT_ERROR(FailedPrecondition,
+               client.RegisterDeviceBuffers("errors", kSlots, k, v,
+                                            &e.signals().buffer()));
   EXPECT_ERROR(InvalidArgument,
                client.Backup("errors", *plain, *pages, {{0, kPs}}, waits));
   auto no_signal = client.Backup("errors", *plain, *pages, {{0, kPs}});
