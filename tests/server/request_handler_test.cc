@@ -442,6 +442,56 @@ TEST_F(RequestHandlerTest, LoadCopiesOnlyTheRequestedLayers) {
   }
 }
 
+// UnregisterDeviceBuffers returns only once no copy uses the buffers: the
+// engine may free them right after. The import is then closed (the pool
+// counts no registration). Copies of 64 MiB each keep the queue busy when
+// the call comes.
+TEST_F(RequestHandlerTest, UnregisterWaitsForTheImportsCopies) {
+  constexpr uint32_t kBigHeads = 8, kBigHeadDim = 1024;  // bf16: 16 KiB rows
+  constexpr uint64_t kBigStride = kBigHeads * kBigHeadDim * 2;
+  constexpr uint64_t kBigSlots = 1024;
+  v1::CreatePoolRequest create;
+  *create.mutable_spec() = Spec("big");
+  auto* mha = create.mutable_spec()->mutable_geometry()->mutable_mha();
+  mha->set_num_kv_heads(kBigHeads);
+  mha->set_head_dim(kBigHeadDim);
+  create.mutable_spec()->set_capacity_tokens(kBigSlots);
+  ASSERT_OK(handler_.CreatePool(create));
+  ShmSegment device = *ShmSegment::Create(
+      absl::StrCat("/hostkv-test-big.", getpid()),
+      2 * kLayers * kBigSlots * kBigStride, 0600);
+  const uint64_t s = OpenSession();
+  v1::RegisterDeviceBuffersRequest registration;
+  registration.set_session_id(s);
+  registration.set_pool("big");
+  registration.set_token_slots(kBigSlots);
+  for (uint32_t i = 0; i < 2 * kLayers; ++i) {
+    v1::DeviceBuffer* b = i % 2 == 0 ? registration.add_k_buffers()
+                                     : registration.add_v_buffers();
+    b->set_shm_name(device.name());
+    b->set_offset(i * kBigSlots * kBigStride);
+    b->set_size(kBigSlots * kBigStride);
+  }
+  auto import = handler_.RegisterDeviceBuffers(registration);
+  ASSERT_OK(import);
+  Alloc(s, kBigSlots, "big");
+  auto session = sessions_.Get(s).value();
+  for (int i = 0; i < 4; ++i) {  // as many as the session's records allow
+    v1::TransferRequest backup = Transfer(s, import->import_id(), 0,
+                                          kBigSlots / kPageSize, 0, kBigSlots);
+    backup.set_pool("big");
+    ASSERT_OK(handler_.Backup(backup));
+  }
+  ASSERT_GT(session->signals()->in_flight(), 0u);
+  v1::UnregisterDeviceBuffersRequest unregister;
+  unregister.set_session_id(s);
+  unregister.set_import_id(import->import_id());
+  ASSERT_OK(handler_.UnregisterDeviceBuffers(unregister));
+  EXPECT_EQ(0u, session->signals()->in_flight());
+  EXPECT_EQ(0u, pools_.Get("big").value()->import_count());
+  EXPECT_ERROR(NotFound, handler_.UnregisterDeviceBuffers(unregister));
+}
+
 TEST_F(RequestHandlerTest, PageIoChecksSizes) {
   CreatePool("p");
   const uint64_t s = OpenSession();
