@@ -15,6 +15,7 @@
 #include "kernels/cuda/copy_kernels.h"
 #include "kernels/cuda/layout_kernels.h"
 #include "kernels/kernel_copy_plan.h"
+#include "tests/kernels/byte_compare.h"
 #include "tests/kernels/reference_layout.h"
 
 namespace hostkv {
@@ -49,18 +50,6 @@ void Upload(const void* data, uint64_t bytes, DeviceBuffer* out) {
   ASSERT_CUDA(cudaMemcpy(p, data, bytes, cudaMemcpyHostToDevice));
 }
 
-::testing::AssertionResult SameBytes(const std::string& what,
-                                     const uint8_t* expected,
-                                     const uint8_t* actual, uint64_t size) {
-  for (uint64_t i = 0; i < size; ++i) {
-    if (expected[i] != actual[i]) {
-      return ::testing::AssertionFailure()
-             << what << ": byte " << i << " of " << size << " is "
-             << int{actual[i]} << ", expected " << int{expected[i]};
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // Host pages scattered and out of order, device runs not page aligned, in a
 // 5-page pool and 8 pages + 4 device slots.
@@ -154,31 +143,12 @@ void ExpectGpuMatchesCpu(const PoolSpec& spec, CopyDirection direction,
 // Every layout and page size; head sizes that take each vector width, and
 // rows long enough (3200 bytes) for the kernel's unrolled loop.
 std::vector<PoolSpec> AllGpuPools() {
-  const reference::ModelDims dims[] = {
-      {3, 2, 8, 2}, {2, 3, 5, 1},   {4, 1, 6, 4},
-      {2, 3, 3, 2}, {2, 5, 320, 2}, {2, 1, 1600, 2},
-  };
-  std::vector<PoolSpec> specs;
-  for (Attention attention : {Attention::kMha, Attention::kMla}) {
-    for (HostLayout layout : reference::AllLayouts()) {
-      if (!reference::LayoutDefined(attention, layout)) continue;
-      for (uint64_t ps : reference::SmallPageSizes()) {
-        for (const reference::ModelDims& m : dims) {
-          PoolSpec s;
-          s.attention = attention;
-          s.layout = layout;
-          s.layers = m.layers;
-          s.heads = attention == Attention::kMha ? m.heads : 1;
-          s.dim = m.dim;
-          s.itemsize = m.itemsize;
-          s.page_size = ps;
-          s.size = kHostPages * ps;
-          specs.push_back(s);
-        }
-      }
-    }
-  }
-  return specs;
+  return reference::AllPools(kHostPages, {{3, 2, 8, 2},
+                                          {2, 3, 5, 1},
+                                          {4, 1, 6, 4},
+                                          {2, 3, 3, 2},
+                                          {2, 5, 320, 2},
+                                          {2, 1, 1600, 2}});
 }
 
 class GpuCopyKernelTest : public ::testing::TestWithParam<PoolSpec> {};

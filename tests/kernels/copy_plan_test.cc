@@ -16,6 +16,7 @@
 #include "kernels/pool_geometry.h"
 #include "kernels/worker_pool.h"
 #include "tests/kernels/reference_layout.h"
+#include "tests/kernels/transfer_selections.h"
 
 namespace hostkv {
 namespace {
@@ -215,27 +216,6 @@ struct Buffers {
   }
 };
 
-// Which host and device slots a transfer moves, as spans.
-struct Selection {
-  std::string name;
-  std::vector<SlotSpan> host;
-  std::vector<SlotSpan> device;
-};
-
-// For a 5-page host pool and 8 pages + 4 device slots.
-std::vector<Selection> Selections(uint64_t ps) {
-  return {
-      // Whole pages, scattered and out of order; host pages 0 and 1 go to
-      // device pages 2 and 3, which is one run contiguous on both sides.
-      {"pages",
-       {{3 * ps, ps}, {0, ps}, {ps, ps}, {4 * ps, ps}},
-       {{5 * ps, ps}, {2 * ps, 2 * ps}, {0, ps}}},
-      // Device runs not page aligned, cutting across host pages.
-      {"unaligned_device",
-       {{4 * ps, ps}, {ps, 2 * ps}, {0, ps}},
-       {{4 * ps + 3, 2 * ps}, {1, 2 * ps}}},
-  };
-}
 
 std::string MechanismName(CopyMechanism m) {
   return m == CopyMechanism::kKernel ? "kernel" : "direct";

@@ -14,7 +14,9 @@
 #include "gtest/gtest.h"
 #include "kernels/copy_plan.h"
 #include "kernels/pool_geometry.h"
+#include "tests/kernels/byte_compare.h"
 #include "tests/kernels/reference_layout.h"
+#include "tests/kernels/transfer_selections.h"
 
 namespace hostkv {
 namespace {
@@ -24,19 +26,6 @@ using reference::PoolSpec;
 using reference::ReferenceDevice;
 using reference::ReferencePool;
 
-// Names the first differing byte of two buffers.
-::testing::AssertionResult SameBytes(const std::string& what,
-                                     const uint8_t* expected,
-                                     const uint8_t* actual, uint64_t size) {
-  for (uint64_t i = 0; i < size; ++i) {
-    if (expected[i] != actual[i]) {
-      return ::testing::AssertionFailure()
-             << what << ": byte " << i << " of " << size << " is "
-             << int{actual[i]} << ", expected " << int{expected[i]};
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // A pattern-filled host pool and one engine's device buffers. The pool
 // starts `shift` bytes into its allocation (which is 16-byte aligned), so
@@ -79,26 +68,6 @@ struct Buffers {
   }
 };
 
-// Which host and device slots a transfer moves, for a 5-page host pool and
-// 8 pages + 4 device slots.
-struct Selection {
-  std::string name;
-  std::vector<SlotSpan> host;
-  std::vector<SlotSpan> device;
-};
-
-std::vector<Selection> Selections(uint64_t ps) {
-  return {
-      // Whole pages, scattered and out of order.
-      {"pages",
-       {{3 * ps, ps}, {0, ps}, {ps, ps}, {4 * ps, ps}},
-       {{5 * ps, ps}, {2 * ps, 2 * ps}, {0, ps}}},
-      // Device runs not page aligned, cutting across host pages.
-      {"unaligned_device",
-       {{4 * ps, ps}, {ps, 2 * ps}, {0, ps}},
-       {{4 * ps + 3, 2 * ps}, {1, 2 * ps}}},
-  };
-}
 
 constexpr uint64_t kHostPages = 5;
 uint64_t DeviceSlots(const PoolSpec& spec) { return 8 * spec.page_size + 4; }

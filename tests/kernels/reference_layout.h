@@ -479,14 +479,16 @@ inline std::vector<HostLayout> AllLayouts() {
           HostLayout::kPageFirstDirect, HostLayout::kPageHead};
 }
 
-// Every defined (attention, layout) x page size x dims, `pages` pages each.
-inline std::vector<PoolSpec> AllSmallPools(uint64_t pages) {
+// Every defined (attention, layout) x page size x `dims`, `pages` pages
+// each.
+inline std::vector<PoolSpec> AllPools(uint64_t pages,
+                                      const std::vector<ModelDims>& dims) {
   std::vector<PoolSpec> specs;
   for (Attention attention : {Attention::kMha, Attention::kMla}) {
     for (HostLayout layout : AllLayouts()) {
       if (!LayoutDefined(attention, layout)) continue;
       for (uint64_t ps : SmallPageSizes()) {
-        for (const ModelDims& m : SmallModelDims()) {
+        for (const ModelDims& m : dims) {
           PoolSpec s;
           s.attention = attention;
           s.layout = layout;
@@ -502,6 +504,11 @@ inline std::vector<PoolSpec> AllSmallPools(uint64_t pages) {
     }
   }
   return specs;
+}
+
+// The same with SmallModelDims().
+inline std::vector<PoolSpec> AllSmallPools(uint64_t pages) {
+  return AllPools(pages, SmallModelDims());
 }
 
 // A gtest-friendly name, e.g. "mha_page_head_ps16_L3_H2_D8_it2".
