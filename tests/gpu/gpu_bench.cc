@@ -122,23 +122,8 @@ const Model kMla{"MLA 61L x 576 bf16", true, 61, 1, 576};
 
 v1::PoolSpec Spec(const std::string& name, const Model& m, v1::Layout layout,
                   uint64_t tokens) {
-  v1::PoolSpec spec;
-  spec.set_name(name);
-  spec.set_layout(layout);
-  spec.set_page_size(kPageSize);
-  spec.set_capacity_tokens(tokens);
-  v1::Geometry* g = spec.mutable_geometry();
-  g->set_dtype(v1::DTYPE_BF16);
-  if (m.mla) {
-    g->mutable_mla()->set_num_layers(m.layers);
-    g->mutable_mla()->set_kv_lora_rank(m.dim - 64);
-    g->mutable_mla()->set_qk_rope_head_dim(64);
-  } else {
-    g->mutable_mha()->set_num_layers(m.layers);
-    g->mutable_mha()->set_num_kv_heads(m.heads);
-    g->mutable_mha()->set_head_dim(m.dim);
-  }
-  return spec;
+  return gpu_testing::Bf16PoolSpec(name, m.mla, m.layers, m.heads, m.dim,
+                                   layout, kPageSize, tokens);
 }
 
 // Median time of `reps` contiguous cudaMemcpyAsync calls, after a warm-up.

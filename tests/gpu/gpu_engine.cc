@@ -32,6 +32,28 @@ bool Exited(pid_t pid) {
 
 }  // namespace
 
+v1::PoolSpec Bf16PoolSpec(const std::string& name, bool mla, uint32_t layers,
+                          uint32_t heads, uint32_t dim, v1::Layout layout,
+                          uint32_t page_size, uint64_t capacity_tokens) {
+  v1::PoolSpec spec;
+  spec.set_name(name);
+  spec.set_layout(layout);
+  spec.set_page_size(page_size);
+  spec.set_capacity_tokens(capacity_tokens);
+  v1::Geometry* g = spec.mutable_geometry();
+  g->set_dtype(v1::DTYPE_BF16);
+  if (mla) {
+    g->mutable_mla()->set_num_layers(layers);
+    g->mutable_mla()->set_kv_lora_rank(dim - 64);
+    g->mutable_mla()->set_qk_rope_head_dim(64);
+  } else {
+    g->mutable_mha()->set_num_layers(layers);
+    g->mutable_mha()->set_num_kv_heads(heads);
+    g->mutable_mha()->set_head_dim(dim);
+  }
+  return spec;
+}
+
 bool CudaDevicePresent(std::string* why) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);

@@ -21,6 +21,12 @@
 
 namespace hostkv::gpu_testing {
 
+// A bf16 pool: MHA (layers, heads x dim) or MLA (layers, one latent of dim
+// = kv_lora_rank dim - 64 + rope 64).
+v1::PoolSpec Bf16PoolSpec(const std::string& name, bool mla, uint32_t layers,
+                          uint32_t heads, uint32_t dim, v1::Layout layout,
+                          uint32_t page_size, uint64_t capacity_tokens);
+
 // True when CUDA reports at least one device; otherwise false, and *why says
 // what cudaGetDeviceCount answered.
 bool CudaDevicePresent(std::string* why);

@@ -80,23 +80,8 @@ absl::Status AwaitOperation(Client& client, const Operation& op) {
 
 v1::PoolSpec Spec(const std::string& name, const Model& m, v1::Layout layout,
                   uint32_t page_size, uint64_t capacity_tokens) {
-  v1::PoolSpec spec;
-  spec.set_name(name);
-  spec.set_layout(layout);
-  spec.set_page_size(page_size);
-  spec.set_capacity_tokens(capacity_tokens);
-  v1::Geometry* g = spec.mutable_geometry();
-  g->set_dtype(v1::DTYPE_BF16);
-  if (m.mla) {
-    g->mutable_mla()->set_num_layers(m.layers);
-    g->mutable_mla()->set_kv_lora_rank(m.dim - 64);
-    g->mutable_mla()->set_qk_rope_head_dim(64);
-  } else {
-    g->mutable_mha()->set_num_layers(m.layers);
-    g->mutable_mha()->set_num_kv_heads(m.heads);
-    g->mutable_mha()->set_head_dim(m.dim);
-  }
-  return spec;
+  return Bf16PoolSpec(name, m.mla, m.layers, m.heads, m.dim, layout, page_size,
+                      capacity_tokens);
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(const v1::PoolSpec& spec,
