@@ -895,6 +895,8 @@ class Harness {
     const uint8_t mech = fdp_->ConsumeIntegral<uint8_t>();
     r->set_mechanism(
         static_cast<v1::CopyMechanism>(mech < 250 ? mech % 3 : mech));
+    // "KV written" waits exist for CUDA imports only: always refused here.
+    if (OneIn(16)) r->set_wait_kv_written(PickU64(kU64Max));
     // The flat (first, count) pair forms of the same runs, as the client
     // library sends them; now and then both forms, or an odd count.
     const uint8_t form = fdp_->ConsumeIntegral<uint8_t>();
@@ -963,6 +965,9 @@ class Harness {
         r.ShortDebugString());
     FUZZ_CHECK(s->num_tokens() == pages.size() * pool->geometry().page_size);
     FUZZ_CHECK(s->signal_index() < kSignalRecords);
+    FUZZ_CHECK(r.wait_kv_written() == 0,
+               "a CPU import accepted wait_kv_written: ", r.ShortDebugString());
+    FUZZ_CHECK(s->signal_value() == 0, "a CPU import returned a signal value");
     AfterTransfer(r.session_id(), /*allow_running=*/true);
   }
 
@@ -1127,7 +1132,7 @@ class Harness {
                               ? nullptr
                               : list->Mutable(fdp_->ConsumeIntegralInRange<int>(
                                     0, list->size() - 1));
-    switch (fdp_->ConsumeIntegralInRange<int>(0, 11)) {
+    switch (fdp_->ConsumeIntegralInRange<int>(0, 13)) {
       case 0:
         if (b) b->set_offset(PickU64(kDeviceBytes));
         break;
@@ -1199,6 +1204,24 @@ class Harness {
       case 10:
         if (b) b->set_device(fdp_->ConsumeIntegral<int32_t>());
         break;
+      case 11:
+        if (b) {
+          b->set_device_uuid(std::string(
+              fdp_->ConsumeIntegralInRange<int>(0, 20), 'u'));
+        }
+        break;
+      case 12: {  // GPU signal words: refused without a CUDA backend
+        v1::DeviceBuffer* signals = r->mutable_gpu_signals();
+        if (OneIn(2)) {
+          signals->set_cuda_ipc_handle(std::string(
+              OneIn(2) ? 64 : fdp_->ConsumeIntegralInRange<int>(0, 80), 's'));
+        } else {
+          signals->set_shm_name(small_device_.name());
+        }
+        signals->set_offset(PickU64(kDeviceBytes));
+        signals->set_size(PickU64(kDeviceBytes));
+        break;
+      }
       default:
         r->set_token_slots(r->token_slots() + 1);
         break;
@@ -1245,6 +1268,8 @@ class Harness {
     FUZZ_CHECK(MayRegister(m), "shm registration accepted for a session ",
                m->attached ? "attached with a uid that does not own the segment"
                            : "that is not attached");
+    FUZZ_CHECK(!r.has_gpu_signals(),
+               "a registration without a CUDA backend accepted gpu_signals");
     // What was accepted must fit where it points.
     for (const auto* list : {&r.k_buffers(), &r.v_buffers()}) {
       for (const v1::DeviceBuffer& b : *list) {
