@@ -88,6 +88,9 @@ struct GpuBackendOptions {
   uint64_t pin_chunk_bytes = 1ull << 30;
   // Blocks per copy kernel launch (0: the kernel's default).
   unsigned kernel_blocks = 0;
+  // Called once if the CUDA context fails for good (a device fault): the
+  // GPU backend then refuses work and the daemon should be restarted.
+  std::function<void(const std::string& why)> on_fatal;
 };
 
 // Thread-safe.

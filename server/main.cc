@@ -269,6 +269,12 @@ absl::Status StartGpuBackend(DaemonOptions o, Daemon& d) {
   // engine's loads. (Read when CUDA initializes; an operator's value wins.)
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   o.gpu.metrics = d.metrics.get();
+  // A failed CUDA context cannot recover in this process: say so where
+  // orchestrators look, so that they restart the daemon.
+  o.gpu.on_fatal = [&d](const std::string& why) {
+    spdlog::critical("GPU backend failed ({}): marking hostkvd NOT_SERVING", why);
+    if (d.health != nullptr) d.health->Shutdown();
+  };
   absl::StatusOr<std::unique_ptr<GpuBackend>> gpu = CreateGpuBackend(o.gpu);
   if (!gpu.ok()) {
     if (o.cuda == "on") {

@@ -57,7 +57,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 }
 
 CudaBackend::CudaBackend(const GpuBackendOptions& options)
-    : options_(options), completer_([this] { CompletionLoop(); }) {}
+    : options_(options),
+      completer_([this] { CompletionLoop(); }),
+      watchdog_([this] { WatchdogLoop(); }) {}
 
 CudaBackend::~CudaBackend() {
   AwaitIdle(std::nullopt);
@@ -66,6 +68,7 @@ CudaBackend::~CudaBackend() {
     stopping_ = true;
   }
   completer_.join();
+  watchdog_.join();
   absl::MutexLock lock(&mu_);
   for (auto& [owner, last] : last_op_) cudaEventDestroy(last.event);
 }
@@ -250,12 +253,21 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
     ++total_in_flight_;
   }
   auto in_flight = std::make_unique<InFlight>(
-      InFlight{this, std::move(op), false, absl::Now(), PinnedBlock{}});
+      InFlight{std::move(op), false, absl::Now(), PinnedBlock{}, gpu->stream(),
+               gpu->device()});
   const TransferOp& o = *in_flight->op;
   ScopedDevice on_device(gpu->device());
   // Without its device nothing can be enqueued, not even the signals.
   absl::Status status = on_device.status();
   bool copy = status.ok();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!fatal_.empty()) {
+      status = absl::UnavailableError(absl::StrCat(
+          "the CUDA context failed (", fatal_, "): restart hostkvd"));
+      copy = false;
+    }
+  }
   if (copy && o.signals->cancelled()) {
     status = absl::CancelledError("the session ended before the copy started");
     copy = false;
@@ -297,34 +309,54 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
     RecordLastOp(owner, gpu->stream(), gpu->device());
   }
   in_flight->failed = !status.ok();
-  InFlight* raw = in_flight.release();
-  const cudaError_t error = on_device.status().ok()
-                                ? cudaLaunchHostFunc(gpu->stream(),
-                                                     &CudaBackend::OnStreamReached, raw)
-                                : cudaErrorInvalidDevice;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    id = ++next_op_;
+    ops_.emplace(id, std::move(in_flight));
+  }
+  // The callback's token; it frees it. (If the context fails, no callback
+  // comes and the watchdog finishes the operation; the token then leaks.)
+  auto* token = new CallbackToken{this, id};
+  const cudaError_t error =
+      on_device.status().ok()
+          ? cudaLaunchHostFunc(gpu->stream(), &CudaBackend::OnStreamReached,
+                               token)
+          : cudaErrorInvalidDevice;
   if (error != cudaSuccess) {
     // No callback will come: wait for the stream here and finish now.
+    delete token;
     cudaGetLastError();
     if (on_device.status().ok()) cudaStreamSynchronize(gpu->stream());
-    std::unique_ptr<InFlight> done(raw);
-    done->failed = true;
+    if (std::unique_ptr<InFlight> done = Take(id)) {
+      done->failed = true;
+      Finish(std::move(done));
+    }
     if (status.ok()) status = CudaStatus(error, "cudaLaunchHostFunc");
-    Finish(std::move(done));
   }
   return absl::IsCancelled(status) ? absl::OkStatus() : status;
 }
 
 void CudaBackend::OnStreamReached(void* data) {
   // On CUDA's callback thread: no CUDA calls here, hand over and return.
-  std::unique_ptr<InFlight> done(static_cast<InFlight*>(data));
-  CudaBackend* self = done->backend;
+  std::unique_ptr<CallbackToken> token(static_cast<CallbackToken*>(data));
+  CudaBackend* self = token->backend;
   absl::MutexLock lock(&self->done_mu_);
-  self->done_.push_back(std::move(done));
+  self->done_.push_back(token->id);
+}
+
+std::unique_ptr<CudaBackend::InFlight> CudaBackend::Take(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return nullptr;
+  std::unique_ptr<InFlight> op = std::move(it->second);
+  ops_.erase(it);
+  return op;
 }
 
 void CudaBackend::CompletionLoop() {
   while (true) {
-    std::unique_ptr<InFlight> done;
+    uint64_t id = 0;
     {
       absl::MutexLock lock(&done_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) {
@@ -332,10 +364,56 @@ void CudaBackend::CompletionLoop() {
       };
       done_mu_.Await(absl::Condition(&ready));
       if (done_.empty()) return;
-      done = std::move(done_.front());
+      id = done_.front();
       done_.pop_front();
     }
-    Finish(std::move(done));
+    if (std::unique_ptr<InFlight> done = Take(id)) Finish(std::move(done));
+  }
+}
+
+void CudaBackend::WatchdogLoop() {
+  constexpr absl::Duration kPeriod = absl::Seconds(1);
+  while (true) {
+    {
+      absl::MutexLock lock(&done_mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) {
+        return stopping_;
+      };
+      if (done_mu_.AwaitWithTimeout(absl::Condition(&stop), kPeriod)) return;
+    }
+    std::vector<std::pair<cudaStream_t, int>> streams;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!fatal_.empty()) continue;
+      for (const auto& [id, op] : ops_) streams.emplace_back(op->stream, op->device);
+    }
+    std::string fatal;
+    for (const auto& [stream, device] : streams) {
+      ScopedDevice on_device(device);
+      const cudaError_t error = cudaStreamQuery(stream);
+      // Not ready (still copying, or waiting for "KV written") is normal.
+      if (error == cudaSuccess || error == cudaErrorNotReady) continue;
+      fatal = absl::StrCat(cudaGetErrorName(error), ": ",
+                           cudaGetErrorString(error));
+      break;
+    }
+    if (fatal.empty()) continue;
+    std::vector<std::unique_ptr<InFlight>> orphans;
+    {
+      absl::MutexLock lock(&mu_);
+      fatal_ = fatal;
+      for (auto& [id, op] : ops_) orphans.push_back(std::move(op));
+      ops_.clear();
+    }
+    spdlog::critical("the CUDA context failed ({}): {} operations in flight "
+                     "are reported failed, the GPU backend refuses new ones; "
+                     "restart hostkvd",
+                     fatal, orphans.size());
+    for (std::unique_ptr<InFlight>& op : orphans) {
+      op->failed = true;
+      Finish(std::move(op));
+    }
+    if (options_.on_fatal) options_.on_fatal(fatal);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,13 +53,19 @@ class CudaBackend : public GpuBackend {
     bool stream_mem_ops64;
   };
   // An operation whose copies are on a stream; finished by the completion
-  // thread once the stream reaches it.
+  // thread once the stream reaches it (or by the watchdog if the CUDA
+  // context fails and the stream never will). Owned by ops_ until then.
   struct InFlight {
-    CudaBackend* backend;
     std::unique_ptr<TransferOp> op;
     bool failed;
     absl::Time enqueued;
     PinnedBlock token_index;  // KERNEL: back to staging_ when done
+    cudaStream_t stream;
+    int device;
+  };
+  struct CallbackToken {
+    CudaBackend* backend;
+    uint64_t id;
   };
   // The last operation a session put on a stream: a later one on another
   // stream (another import) waits for it, keeping the session's order.
@@ -75,9 +82,18 @@ class CudaBackend : public GpuBackend {
       ABSL_LOCKS_EXCLUDED(mu_);
   void RecordLastOp(OwnerTag owner, cudaStream_t stream, int device)
       ABSL_LOCKS_EXCLUDED(mu_);
-  static void OnStreamReached(void* in_flight);
+  // The host callback: `data` is the backend, the id is queued separately
+  // (cudaLaunchHostFunc takes one pointer; see Enqueue).
+  static void OnStreamReached(void* token);
   void CompletionLoop() ABSL_LOCKS_EXCLUDED(done_mu_);
+  // Takes operation `id` out of ops_; null if someone else already did.
+  std::unique_ptr<InFlight> Take(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(std::unique_ptr<InFlight> done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every second while operations are in flight, asks their streams for
+  // errors. A failed CUDA context (a device fault) runs no more host
+  // callbacks: its operations are then finished as failed here, new ones
+  // are refused, and options_.on_fatal is told.
+  void WatchdogLoop() ABSL_LOCKS_EXCLUDED(mu_, done_mu_);
 
   // Signal words in use by a live import, [begin, end) in the daemon's
   // mappings: two imports counting in the same words would make waits pass
@@ -94,15 +110,20 @@ class CudaBackend : public GpuBackend {
   PinnedStaging staging_;
 
   mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<InFlight>> ops_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string fatal_ ABSL_GUARDED_BY(mu_);  // why the context failed
   absl::flat_hash_map<OwnerTag, uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
   uint32_t total_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<OwnerTag, LastOp> last_op_ ABSL_GUARDED_BY(mu_);
 
   // Filled by CUDA's callback thread (which must not call CUDA).
   absl::Mutex done_mu_;
-  std::deque<std::unique_ptr<InFlight>> done_ ABSL_GUARDED_BY(done_mu_);
+  std::deque<uint64_t> done_ ABSL_GUARDED_BY(done_mu_);
   bool stopping_ ABSL_GUARDED_BY(done_mu_) = false;
   std::thread completer_;
+  std::thread watchdog_;
 };
 
 }  // namespace hostkv
