@@ -44,8 +44,9 @@ void RunKernelCopyOnCpu(const KernelCopyArgs& args) {
                          kKernelCopyWarpsPerBlock;
   for (uint64_t warp = 0; warp < warps; ++warp) {
     for (uint64_t row = warp; row < rows; row += warps) {
+      const KernelRow r = KernelRowAt(args, row);
       for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
-        CopyChunkAsWarp(KernelChunkAt(args, row, chunk));
+        CopyChunkAsWarp(KernelChunkOf(args, r, chunk));
       }
     }
   }

@@ -54,25 +54,45 @@ HOSTKV_HD uint64_t KernelCopyRows(const KernelCopyArgs& a) {
   return a.geometry.kv_planes() * a.num_tokens;
 }
 
-// The source and destination of chunk `chunk` of row `row`.
-// REQUIRES: row < KernelCopyRows(a), chunk < a.geometry.chunks_per_row(),
-//           the token indices are in range of the pool and device buffers.
-HOSTKV_HD KernelChunk KernelChunkAt(const KernelCopyArgs& a, uint64_t row,
-                                    uint32_t chunk) {
-  const uint32_t kv = static_cast<uint32_t>(row / a.num_tokens);
+// What one row of the copy is: its plane and its token slots on both sides
+// (loaded once per row, whatever the number of chunks).
+struct KernelRow {
+  uint32_t kv;
+  uint64_t host_token;
+  uint64_t device_token;
+};
+
+// REQUIRES: row < KernelCopyRows(a).
+HOSTKV_HD KernelRow KernelRowAt(const KernelCopyArgs& a, uint64_t row) {
   const uint64_t i = row % a.num_tokens;
-  uint8_t* host = a.host_base + HostChunkOffset(a.geometry, kv, a.layer,
-                                                a.host_tokens[i], chunk);
+  return {static_cast<uint32_t>(row / a.num_tokens), a.host_tokens[i],
+          a.device_tokens[i]};
+}
+
+// The source and destination of chunk `chunk` of row `r`.
+// REQUIRES: chunk < a.geometry.chunks_per_row(), the token slots are in
+//           range of the pool and device buffers.
+HOSTKV_HD KernelChunk KernelChunkOf(const KernelCopyArgs& a, const KernelRow& r,
+                                    uint32_t chunk) {
+  uint8_t* host = a.host_base + HostChunkOffset(a.geometry, r.kv, a.layer,
+                                                r.host_token, chunk);
   // A select, not device_plane[kv]: a dynamic index into a kernel parameter
   // would make nvcc copy the parameter to local memory.
-  uint8_t* plane = kv == 0 ? a.device_plane[0] : a.device_plane[1];
+  uint8_t* plane = r.kv == 0 ? a.device_plane[0] : a.device_plane[1];
   uint8_t* device =
-      plane + DeviceChunkOffset(a.geometry, a.device_tokens[i], chunk);
+      plane + DeviceChunkOffset(a.geometry, r.device_token, chunk);
   const uint64_t bytes = a.geometry.chunk_bytes();
   if (a.direction == CopyDirection::kHostToDevice) {
     return {host, device, bytes};
   }
   return {device, host, bytes};
+}
+
+// The same for row number `row`.
+// REQUIRES: row < KernelCopyRows(a), and as KernelChunkOf.
+HOSTKV_HD KernelChunk KernelChunkAt(const KernelCopyArgs& a, uint64_t row,
+                                    uint32_t chunk) {
+  return KernelChunkOf(a, KernelRowAt(a, row), chunk);
 }
 
 // The widest of 16, 8, 4, 2, 1 bytes that divides both addresses and the

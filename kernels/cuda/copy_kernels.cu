@@ -54,8 +54,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const uint64_t rows = KernelCopyRows(args);
   const uint32_t chunks = args.geometry.chunks_per_row();
   for (uint64_t row = first_row; row < rows; row += num_warps) {
+    const KernelRow r = KernelRowAt(args, row);  // the index, read once
     for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
-      const KernelChunk c = KernelChunkAt(args, row, chunk);
+      const KernelChunk c = KernelChunkOf(args, r, chunk);
       switch (KernelVectorWidth(c.src, c.dst, c.bytes)) {
         case 16:
           CopyVectors<uint4>(c.src, c.dst, c.bytes / 16, lane);
