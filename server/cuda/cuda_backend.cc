@@ -52,6 +52,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         Device{i, std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes)),
                prop.name, prop.major, prop.minor, prop.totalGlobalMem,
                Supports64BitStreamMemOps(i)});
+    int mode = cudaComputeModeDefault;
+    if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, i) != cudaSuccess) {
+      cudaGetLastError();
+    } else if (mode == cudaComputeModeExclusiveProcess ||
+               mode == cudaComputeModeProhibited) {
+      // The daemon and the engines must both hold a context on the device.
+      spdlog::warn("device {} ({}) is in {} compute mode: hostkvd and the "
+                   "engines cannot share it (set DEFAULT with nvidia-smi -c, "
+                   "or run MPS)",
+                   i, prop.name,
+                   mode == cudaComputeModeProhibited ? "PROHIBITED"
+                                                     : "EXCLUSIVE_PROCESS");
+    }
   }
   return backend;
 }
