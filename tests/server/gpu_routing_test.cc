@@ -1,0 +1,444 @@
+// The daemon's side of the GPU backend, on the CPU: the request layer, the
+// pool registry and the transfer engine driven against a scripted
+// GpuBackend. It checks what the daemon promises around the CUDA code:
+// pinning gates transfers and health, CUDA registrations reach the backend
+// and only it, signal values follow submission order, backups' "KV written"
+// waits are released when an import or session goes, and Unregister and
+// CloseSession wait for the import's operations.
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/device_import.h"
+#include "server/gpu_backend.h"
+#include "server/host_pool.h"
+#include "server/request_handler.h"
+#include "server/transfer_engine.h"
+#include "proto/contract/status_macros.h"
+#include "tests/testing/status_matchers.h"
+
+namespace hostkv {
+namespace {
+
+constexpr uint32_t kLayers = 2;
+constexpr uint64_t kSlots = 32;
+
+std::string Prefix() { return absl::StrCat("/hostkv-gpu-test.", getpid(), "."); }
+
+// Pinning that finishes when the test says so.
+class ScriptedPinning : public PoolPinning {
+ public:
+  explicit ScriptedPinning(std::function<void(bool)> done)
+      : done_(std::move(done)) {}
+  Progress progress() const override {
+    absl::MutexLock lock(&mu_);
+    Progress p;
+    p.state = state_;
+    p.total_bytes = 100;
+    p.pinned_bytes = state_ == v1::PIN_PINNED ? 100 : 40;
+    p.error = state_ == v1::PIN_FAILED ? "scripted failure" : "";
+    return p;
+  }
+  uint8_t* device_base() const override {
+    return reinterpret_cast<uint8_t*>(0x1000);
+  }
+  uint64_t chunk_bytes() const override { return 0; }
+  void Finish(bool ok) {
+    {
+      absl::MutexLock lock(&mu_);
+      state_ = ok ? v1::PIN_PINNED : v1::PIN_FAILED;
+    }
+    done_(ok);
+  }
+
+ private:
+  const std::function<void(bool)> done_;
+  mutable absl::Mutex mu_;
+  v1::PinState state_ ABSL_GUARDED_BY(mu_) = v1::PIN_PINNING;
+};
+
+class ScriptedImport : public GpuImportState {
+ public:
+  int device() const override { return 0; }
+  bool has_signals() const override { return true; }
+  uint64_t NextSignalValue() override { return ++last_; }
+  void ReleaseWaits() override { released_.fetch_add(1); }
+  std::atomic<int> released_{0};
+
+ private:
+  std::atomic<uint64_t> last_{0};
+};
+
+// A GpuBackend whose operations stay "on the GPU" until the test completes
+// them, in order.
+class ScriptedBackend : public GpuBackend {
+ public:
+  std::string Describe() const override { return "scripted"; }
+  std::unique_ptr<PoolPinning> StartPinning(
+      const std::string&, uint8_t*, uint64_t, uint64_t,
+      std::function<void(bool)> done) override {
+    auto pinning = std::make_unique<ScriptedPinning>(std::move(done));
+    absl::MutexLock lock(&mu_);
+    pinnings_.push_back(pinning.get());
+    return pinning;
+  }
+  absl::StatusOr<std::unique_ptr<DeviceImport>> OpenImport(
+      std::shared_ptr<HostPool> pool, const GpuImportSpec& spec) override {
+    RETURN_IF_ERROR(CheckImportShape(pool->geometry(), spec.token_slots,
+                                     spec.k.size(), spec.v.size()));
+    auto state = std::make_unique<ScriptedImport>();
+    ScriptedImport* raw = state.get();
+    std::vector<LayerBuffers> layers(pool->geometry().num_layers,
+                                     LayerBuffers{{nullptr, nullptr}});
+    auto import = DeviceImport::ForGpu(std::move(pool), spec.token_slots,
+                                       std::move(layers), std::move(state));
+    absl::MutexLock lock(&mu_);
+    imports_.push_back(raw);
+    return import;
+  }
+  absl::Status Enqueue(std::unique_ptr<TransferOp> op) override {
+    absl::MutexLock lock(&mu_);
+    enqueued_.push_back({op->op_id, op->signal_value, op->wait_kv_written,
+                         op->signals->cancelled()});
+    ++in_flight_[op->owner];
+    held_.push_back(std::move(op));
+    return absl::OkStatus();
+  }
+  void AwaitIdle(std::optional<OwnerTag> owner) override {
+    absl::MutexLock lock(&mu_);
+    auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!owner.has_value()) return held_.empty();
+      auto it = in_flight_.find(*owner);
+      return it == in_flight_.end() || it->second == 0;
+    };
+    mu_.Await(absl::Condition(&idle));
+  }
+
+  // Completes the oldest held operation as the completion thread would.
+  bool CompleteOldest(bool failed = false) {
+    std::unique_ptr<TransferOp> op;
+    {
+      absl::MutexLock lock(&mu_);
+      if (held_.empty()) return false;
+      op = std::move(held_.front());
+      held_.pop_front();
+    }
+    const OwnerTag owner = op->owner;
+    if (!failed) {
+      op->host_pages.Release();
+      op->signals->Publish(op->signal_index, op->layer_end - op->layer_begin);
+    }
+    FinishOp(std::move(op), failed);
+    absl::MutexLock lock(&mu_);
+    --in_flight_[owner];
+    return true;
+  }
+  void CompleteAll() {
+    while (CompleteOldest()) {
+    }
+  }
+  size_t held() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+
+  struct Enqueued {
+    uint64_t op_id;
+    uint64_t signal_value;
+    uint64_t wait_kv_written;
+    bool cancelled;
+  };
+  std::vector<Enqueued> enqueued() {
+    absl::MutexLock lock(&mu_);
+    return enqueued_;
+  }
+  ScriptedPinning* pinning(size_t i) {
+    absl::MutexLock lock(&mu_);
+    return pinnings_.at(i);
+  }
+  ScriptedImport* import(size_t i) {
+    absl::MutexLock lock(&mu_);
+    return imports_.at(i);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<TransferOp>> held_ ABSL_GUARDED_BY(mu_);
+  std::map<OwnerTag, int> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<Enqueued> enqueued_ ABSL_GUARDED_BY(mu_);
+  std::vector<ScriptedPinning*> pinnings_ ABSL_GUARDED_BY(mu_);
+  std::vector<ScriptedImport*> imports_ ABSL_GUARDED_BY(mu_);
+};
+
+class GpuRoutingTest : public ::testing::Test {
+ protected:
+  GpuRoutingTest()
+      : budget_(0, 0, [] { return uint64_t{1} << 40; }),
+        pools_(&budget_, Prefix(), 1, &gpu_),
+        sessions_(Prefix(), 8),
+        transfers_(1, nullptr, &gpu_),
+        handler_(RequestLimits{1 << 16, Prefix()}, &budget_, &pools_,
+                 &sessions_, &transfers_, nullptr, &gpu_) {
+    pools_.SetObserver([this](const std::string& pool, bool serving) {
+      absl::MutexLock lock(&health_mu_);
+      health_[pool] = serving;
+    });
+  }
+  // Completes "GPU" operations until the transfer engine has drained.
+  ~GpuRoutingTest() override {
+    std::atomic<bool> drained{false};
+    std::thread completer([&] {
+      while (!drained.load()) {
+        gpu_.CompleteAll();
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    });
+    transfers_.Drain();
+    drained.store(true);
+    completer.join();
+  }
+
+  bool Serving(const std::string& pool) {
+    absl::MutexLock lock(&health_mu_);
+    return health_[pool];
+  }
+
+  void CreatePool(const std::string& name) {
+    v1::CreatePoolRequest request;
+    v1::PoolSpec& spec = *request.mutable_spec();
+    spec.set_name(name);
+    auto* mha = spec.mutable_geometry()->mutable_mha();
+    mha->set_num_layers(kLayers);
+    mha->set_num_kv_heads(2);
+    mha->set_head_dim(4);
+    spec.mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+    spec.set_page_size(4);
+    spec.set_layout(v1::LAYOUT_PAGE_FIRST);
+    spec.set_capacity_tokens(60);
+    ASSERT_OK(handler_.CreatePool(request));
+  }
+
+  uint64_t OpenSession() {
+    auto r = handler_.OpenSession(v1::OpenSessionRequest());
+    EXPECT_OK(r);
+    return r.ok() ? r->session_id() : 0;
+  }
+
+  v1::RegisterDeviceBuffersRequest CudaRegistration(uint64_t session) {
+    v1::RegisterDeviceBuffersRequest r;
+    r.set_session_id(session);
+    r.set_pool("p");
+    r.set_token_slots(kSlots);
+    for (uint32_t i = 0; i < 2 * kLayers; ++i) {
+      v1::DeviceBuffer* b = i % 2 == 0 ? r.add_k_buffers() : r.add_v_buffers();
+      b->set_cuda_ipc_handle(std::string(64, static_cast<char>('a' + i)));
+      b->set_size(1 << 20);
+    }
+    r.mutable_gpu_signals()->set_cuda_ipc_handle(std::string(64, 's'));
+    r.mutable_gpu_signals()->set_size(4096);
+    return r;
+  }
+
+  uint64_t Register(uint64_t session) {
+    auto r = handler_.RegisterDeviceBuffers(CudaRegistration(session));
+    EXPECT_OK(r);
+    return r.ok() ? r->import_id() : 0;
+  }
+
+  v1::TransferRequest Transfer(uint64_t session, uint64_t import,
+                               uint64_t first_page) {
+    v1::TransferRequest r;
+    r.set_session_id(session);
+    r.set_pool("p");
+    r.set_import_id(import);
+    auto* h = r.add_host_pages();
+    h->set_first_page(first_page);
+    h->set_num_pages(1);
+    auto* d = r.add_device_slots();
+    d->set_first_slot(4 * first_page);
+    d->set_num_slots(4);
+    return r;
+  }
+
+  void Alloc(uint64_t session, uint64_t tokens) {
+    v1::AllocRequest r;
+    r.set_session_id(session);
+    r.set_pool("p");
+    r.set_num_tokens(tokens);
+    EXPECT_OK(handler_.Alloc(r));
+  }
+
+  ScriptedBackend gpu_;
+  absl::Mutex health_mu_;
+  std::map<std::string, bool> health_ ABSL_GUARDED_BY(health_mu_);
+  MemoryBudget budget_;
+  PoolRegistry pools_;
+  SessionRegistry sessions_;
+  TransferEngine transfers_;
+  RequestHandler handler_;
+};
+
+TEST_F(GpuRoutingTest, PinningGatesHealthAndCudaTransfers) {
+  CreatePool("p");
+  EXPECT_FALSE(Serving("p"));
+  auto stats = handler_.GetPoolStats(v1::GetPoolStatsRequest());
+  ASSERT_OK(stats);
+  EXPECT_EQ(v1::BACKEND_CUDA, stats->pools(0).backend());
+  EXPECT_EQ(v1::PIN_PINNING, stats->pools(0).pin_state());
+  EXPECT_EQ(40u, stats->pools(0).pinned_bytes());
+
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);  // allowed while pinning
+  Alloc(s, 8);
+  auto early = handler_.Load(Transfer(s, import, 0));
+  EXPECT_EQ(absl::StatusCode::kUnavailable, early.status().code());
+  EXPECT_NE(std::string::npos, early.status().message().find("40%"))
+      << early.status();
+
+  gpu_.pinning(0)->Finish(/*ok=*/true);
+  EXPECT_TRUE(Serving("p"));
+  auto get = v1::GetPoolRequest();
+  get.set_name("p");
+  auto described = handler_.GetPool(get);
+  ASSERT_OK(described);
+  EXPECT_TRUE(described->pinned());
+  EXPECT_EQ(v1::BACKEND_CUDA, described->backend());
+  EXPECT_OK(handler_.Load(Transfer(s, import, 0)));
+}
+
+TEST_F(GpuRoutingTest, FailedPinningLeavesThePoolNotServingAndSaysWhy) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(/*ok=*/false);
+  EXPECT_FALSE(Serving("p"));
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  auto r = handler_.Load(Transfer(s, import, 0));
+  EXPECT_EQ(absl::StatusCode::kFailedPrecondition, r.status().code());
+  EXPECT_NE(std::string::npos, r.status().message().find("scripted failure"))
+      << r.status();
+}
+
+TEST_F(GpuRoutingTest, SignalValuesFollowSubmissionOrder) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 16);
+  std::vector<uint64_t> values;
+  for (uint64_t page = 0; page < 4; ++page) {
+    auto r = page % 2 == 0 ? handler_.Load(Transfer(s, import, page))
+                           : handler_.Backup(Transfer(s, import, page));
+    ASSERT_OK(r);
+    values.push_back(r->signal_value());
+  }
+  EXPECT_EQ((std::vector<uint64_t>{1, 2, 3, 4}), values);
+  // The dispatcher hands them to the backend in that order.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (gpu_.enqueued().size() < 4 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const auto enqueued = gpu_.enqueued();
+  ASSERT_EQ(4u, enqueued.size());
+  for (size_t i = 0; i < enqueued.size(); ++i) {
+    EXPECT_EQ(i + 1, enqueued[i].signal_value);
+  }
+  gpu_.CompleteAll();
+  auto session = sessions_.Get(s).value();
+  session->signals()->AwaitIdle();
+  EXPECT_EQ(0u, session->signals()->in_flight());
+}
+
+TEST_F(GpuRoutingTest, KvWrittenWaitsReachTheBackendOnlyForBackups) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  auto backup = Transfer(s, import, 0);
+  backup.set_wait_kv_written(7);
+  ASSERT_OK(handler_.Backup(backup));
+  EXPECT_ERROR(InvalidArgument, handler_.Load(backup));
+  backup.set_wait_kv_written(uint64_t{1} << 63);
+  EXPECT_ERROR(InvalidArgument, handler_.Backup(backup));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (gpu_.enqueued().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(1u, gpu_.enqueued().size());
+  EXPECT_EQ(7u, gpu_.enqueued()[0].wait_kv_written);
+}
+
+TEST_F(GpuRoutingTest, UnregisterReleasesWaitsAndWaitsForTheOperations) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  auto backup = Transfer(s, import, 0);
+  backup.set_wait_kv_written(1000);  // the engine never marks it
+  ASSERT_OK(handler_.Backup(backup));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (gpu_.held() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(1u, gpu_.held());
+  v1::UnregisterDeviceBuffersRequest unregister;
+  unregister.set_session_id(s);
+  unregister.set_import_id(import);
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    EXPECT_OK(handler_.UnregisterDeviceBuffers(unregister));
+    returned.store(true);
+  });
+  // ReleaseWaits comes first, then the call waits for the operation.
+  while (gpu_.import(0)->released_.load() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(1, gpu_.import(0)->released_.load());
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(returned.load()) << "returned with a copy still on the GPU";
+  gpu_.CompleteAll();
+  caller.join();
+  EXPECT_TRUE(returned.load());
+  auto pool = pools_.Get("p").value();
+  EXPECT_EQ(0u, pool->import_count());
+}
+
+TEST_F(GpuRoutingTest, SessionEndReleasesWaitsAndWaitsForTheOperations) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const uint64_t s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  auto backup = Transfer(s, import, 0);
+  backup.set_wait_kv_written(1000);
+  ASSERT_OK(handler_.Backup(backup));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (gpu_.held() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  v1::CloseSessionRequest close;
+  close.set_session_id(s);
+  std::thread closer([&] { EXPECT_OK(handler_.CloseSession(close)); });
+  while (gpu_.import(0)->released_.load() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(gpu_.import(0)->released_.load(), 1);
+  gpu_.CompleteAll();
+  closer.join();
+  EXPECT_EQ(0u, pools_.Get("p").value()->import_count());
+}
+
+}  // namespace
+}  // namespace hostkv
