@@ -7,7 +7,8 @@ namespace hostkv {
 absl::StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(
     const GpuBackendOptions&) {
   return absl::UnimplementedError(
-      "hostkvd was built without CUDA (nvcc was not found at configure time)");
+      "hostkvd was built without CUDA (no nvcc at configure time, or "
+      "-DHOSTKV_ENABLE_CUDA=OFF)");
 }
 
 }  // namespace hostkv
