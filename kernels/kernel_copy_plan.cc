@@ -4,18 +4,24 @@
 
 namespace hostkv {
 
-TokenIndex BuildTokenIndex(const std::vector<TokenRun>& runs) {
-  TokenIndex index;
-  uint64_t total = 0;
-  for (const TokenRun& run : runs) total += run.num_tokens;
-  index.host_tokens.reserve(total);
-  index.device_tokens.reserve(total);
+void ExpandTokenIndex(const std::vector<TokenRun>& runs, uint64_t* host_tokens,
+                      uint64_t* device_tokens) {
+  uint64_t i = 0;
   for (const TokenRun& run : runs) {
-    for (uint64_t t = 0; t < run.num_tokens; ++t) {
-      index.host_tokens.push_back(run.host_token + t);
-      index.device_tokens.push_back(run.device_token + t);
+    for (uint64_t t = 0; t < run.num_tokens; ++t, ++i) {
+      host_tokens[i] = run.host_token + t;
+      device_tokens[i] = run.device_token + t;
     }
   }
+}
+
+TokenIndex BuildTokenIndex(const std::vector<TokenRun>& runs) {
+  uint64_t total = 0;
+  for (const TokenRun& run : runs) total += run.num_tokens;
+  TokenIndex index;
+  index.host_tokens.resize(total);
+  index.device_tokens.resize(total);
+  ExpandTokenIndex(runs, index.host_tokens.data(), index.device_tokens.data());
   return index;
 }
 

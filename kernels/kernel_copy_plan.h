@@ -126,6 +126,11 @@ struct TokenIndex {
 };
 TokenIndex BuildTokenIndex(const std::vector<TokenRun>& runs);
 
+// The same into caller-owned arrays of the runs' total token count (the GPU
+// path writes them into pinned memory the kernel reads).
+void ExpandTokenIndex(const std::vector<TokenRun>& runs, uint64_t* host_tokens,
+                      uint64_t* device_tokens);
+
 // Runs the kernel's work on the CPU: the default grid's warps, each over its
 // rows, each chunk split among 32 lanes in vectors of KernelVectorWidth.
 // Pointers in `args` are CPU pointers. Does nothing when num_tokens is 0.

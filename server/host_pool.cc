@@ -40,10 +40,8 @@ HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
 
 v1::Pool HostPool::Describe() const {
   v1::Pool pool = info_;
-  if (pinning_ != nullptr) {
-    pool.set_backend(v1::BACKEND_CUDA);
-    pool.set_pinned(pinning_->pinned());
-  }
+  pool.set_backend(backend());
+  pool.set_pinned(pinned());
   return pool;
 }
 

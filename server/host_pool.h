@@ -60,6 +60,12 @@ class HostPool {
   PoolPinning::Progress pin_progress() const {
     return pinning_ != nullptr ? pinning_->progress() : PoolPinning::Progress{};
   }
+  // BACKEND_CUDA when the pool is registered (or being registered) with
+  // CUDA, else BACKEND_CPU; pinned once that registration is done.
+  v1::Backend backend() const {
+    return pinning_ != nullptr ? v1::BACKEND_CUDA : v1::BACKEND_CPU;
+  }
+  bool pinned() const { return pinning_ != nullptr && pinning_->pinned(); }
   // The pool as the API describes it now (backend and pinned filled in).
   v1::Pool Describe() const;
 

@@ -46,7 +46,7 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
     Set(capacity_pages, static_cast<double>(alloc.num_pages()), pool->name());
     Set(used_pages, static_cast<double>(used_count), pool->name());
     Set(free_pages, static_cast<double>(free_count), pool->name());
-    Set(pinned, pool->Describe().pinned() ? 1 : 0, pool->name());
+    Set(pinned, pool->pinned() ? 1 : 0, pool->name());
     Set(imports, pool->import_count(), pool->name());
   }
   auto sessions = Gauge("hostkv_sessions", "Open sessions");

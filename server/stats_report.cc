@@ -19,8 +19,7 @@ void FillPoolStats(const HostPool& pool,
   stats->set_name(pool.name());
   stats->set_layout(pool.info().spec().layout());
   const PoolPinning::Progress pin = pool.pin_progress();
-  stats->set_backend(pool.pinning() != nullptr ? v1::BACKEND_CUDA
-                                               : v1::BACKEND_CPU);
+  stats->set_backend(pool.backend());
   stats->set_pinned(pin.state == v1::PIN_PINNED);
   stats->set_pin_state(pin.state);
   stats->set_pinned_bytes(pin.pinned_bytes);

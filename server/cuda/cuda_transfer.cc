@@ -111,6 +111,17 @@ absl::Status EnqueueLayerKernel(const TransferOp& op, uint32_t layer,
       absl::StrCat("copy kernel of layer ", layer));
 }
 
+// Writes op.signal_value into the word of `layer`, on the import's stream.
+absl::Status SignalLayer(const DriverApi& api, const TransferOp& op,
+                         CudaImportState& gpu, uint32_t layer) {
+  return DriverStatus(
+      api.stream_write_value64(
+          reinterpret_cast<CUstream>(gpu.stream()),
+          reinterpret_cast<CUdeviceptr>(gpu.signal_words() + layer),
+          op.signal_value, CU_STREAM_WRITE_VALUE_DEFAULT),
+      absl::StrCat("signalling layer ", layer));
+}
+
 }  // namespace
 
 absl::Status FillTokenIndex(const CopyTask& task, const PinnedBlock& block) {
@@ -119,14 +130,7 @@ absl::Status FillTokenIndex(const CopyTask& task, const PinnedBlock& block) {
     return absl::InternalError("token index block too small");
   }
   uint64_t* host_tokens = reinterpret_cast<uint64_t*>(block.host);
-  uint64_t* device_tokens = host_tokens + n;
-  uint64_t i = 0;
-  for (const TokenRun& run : task.runs) {
-    for (uint64_t t = 0; t < run.num_tokens; ++t, ++i) {
-      host_tokens[i] = run.host_token + t;
-      device_tokens[i] = run.device_token + t;
-    }
-  }
+  ExpandTokenIndex(task.runs, host_tokens, host_tokens + n);
   return absl::OkStatus();
 }
 
@@ -135,12 +139,7 @@ absl::Status SignalLayers(const TransferOp& op, CudaImportState& gpu) {
   ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   absl::Status status;
   for (uint32_t layer = op.layer_begin; layer < op.layer_end; ++layer) {
-    const absl::Status s = DriverStatus(
-        api->stream_write_value64(
-            reinterpret_cast<CUstream>(gpu.stream()),
-            reinterpret_cast<CUdeviceptr>(gpu.signal_words() + layer),
-            op.signal_value, CU_STREAM_WRITE_VALUE_DEFAULT),
-        absl::StrCat("signalling layer ", layer));
+    const absl::Status s = SignalLayer(*api, op, gpu, layer);
     if (status.ok()) status = s;
   }
   return status;
@@ -183,12 +182,7 @@ absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
     // Signalled even after a failure: an engine stream waiting for this
     // layer must not hang; the failure reaches the client through the
     // operation's signal record.
-    const absl::Status signalled = DriverStatus(
-        api->stream_write_value64(
-            reinterpret_cast<CUstream>(stream),
-            reinterpret_cast<CUdeviceptr>(gpu.signal_words() + layer),
-            op.signal_value, CU_STREAM_WRITE_VALUE_DEFAULT),
-        absl::StrCat("signalling layer ", layer));
+    const absl::Status signalled = SignalLayer(*api, op, gpu, layer);
     if (status.ok()) status = signalled;
   }
   return status;

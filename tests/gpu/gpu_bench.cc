@@ -392,8 +392,9 @@ CallCost MeasureCallCost(Engine& e, OpTimer& timer, v1::CopyMechanism mechanism,
 
 // ---------------------------------------------------------------------------
 
-// Deletes `pool` once its session's import is gone: the daemon drops a CUDA
-// import a moment after its last operation signalled completion.
+// Deletes `pool` after its engine closed. Close returns once the import is
+// closed, so this normally succeeds at once; the retry only covers a close
+// still in progress.
 void DeletePool(const std::string& target, const std::string& pool) {
   std::unique_ptr<Client> admin =
       Check(Client::Connect(target, "gpu-bench-admin"), "connect");

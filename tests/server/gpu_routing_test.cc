@@ -9,10 +9,12 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -278,6 +280,35 @@ class GpuRoutingTest : public ::testing::Test {
     EXPECT_OK(handler_.Alloc(r));
   }
 
+  // Polls `done` until it holds or 10 s pass; returns its last answer.
+  static bool WaitUntil(const std::function<bool()>& done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!done() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return done();
+  }
+
+  // A pinned pool "p", a session with a CUDA import, and a backup of page
+  // 0 held by the backend, waiting for a "KV written" mark the engine never
+  // makes. Returns the session and the import.
+  std::pair<uint64_t, uint64_t> SubmitBlockedBackup() {
+    CreatePool("p");
+    gpu_.pinning(0)->Finish(true);
+    const uint64_t s = OpenSession();
+    const uint64_t import = Register(s);
+    Alloc(s, 8);
+    auto backup = Transfer(s, import, 0);
+    backup.set_wait_kv_written(1000);
+    EXPECT_OK(handler_.Backup(backup));
+    EXPECT_TRUE(WaitUntil([this] { return gpu_.held() == 1; }));
+    return {s, import};
+  }
+
+  bool WaitsReleased() {
+    return WaitUntil([this] { return gpu_.import(0)->released_.load() > 0; });
+  }
+
   ScriptedBackend gpu_;
   absl::Mutex health_mu_;
   std::map<std::string, bool> health_ ABSL_GUARDED_BY(health_mu_);
@@ -344,10 +375,7 @@ TEST_F(GpuRoutingTest, SignalValuesFollowSubmissionOrder) {
   }
   EXPECT_EQ((std::vector<uint64_t>{1, 2, 3, 4}), values);
   // The dispatcher hands them to the backend in that order.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (gpu_.enqueued().size() < 4 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  WaitUntil([this] { return gpu_.enqueued().size() >= 4; });
   const auto enqueued = gpu_.enqueued();
   ASSERT_EQ(4u, enqueued.size());
   for (size_t i = 0; i < enqueued.size(); ++i) {
@@ -371,27 +399,13 @@ TEST_F(GpuRoutingTest, KvWrittenWaitsReachTheBackendOnlyForBackups) {
   EXPECT_ERROR(InvalidArgument, handler_.Load(backup));
   backup.set_wait_kv_written(uint64_t{1} << 63);
   EXPECT_ERROR(InvalidArgument, handler_.Backup(backup));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (gpu_.enqueued().empty() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  WaitUntil([this] { return !gpu_.enqueued().empty(); });
   ASSERT_EQ(1u, gpu_.enqueued().size());
   EXPECT_EQ(7u, gpu_.enqueued()[0].wait_kv_written);
 }
 
 TEST_F(GpuRoutingTest, UnregisterReleasesWaitsAndWaitsForTheOperations) {
-  CreatePool("p");
-  gpu_.pinning(0)->Finish(true);
-  const uint64_t s = OpenSession();
-  const uint64_t import = Register(s);
-  Alloc(s, 8);
-  auto backup = Transfer(s, import, 0);
-  backup.set_wait_kv_written(1000);  // the engine never marks it
-  ASSERT_OK(handler_.Backup(backup));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (gpu_.held() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  const auto [s, import] = SubmitBlockedBackup();
   ASSERT_EQ(1u, gpu_.held());
   v1::UnregisterDeviceBuffersRequest unregister;
   unregister.set_session_id(s);
@@ -402,9 +416,7 @@ TEST_F(GpuRoutingTest, UnregisterReleasesWaitsAndWaitsForTheOperations) {
     returned.store(true);
   });
   // ReleaseWaits comes first, then the call waits for the operation.
-  while (gpu_.import(0)->released_.load() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  WaitsReleased();
   EXPECT_EQ(1, gpu_.import(0)->released_.load());
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_FALSE(returned.load()) << "returned with a copy still on the GPU";
@@ -416,24 +428,11 @@ TEST_F(GpuRoutingTest, UnregisterReleasesWaitsAndWaitsForTheOperations) {
 }
 
 TEST_F(GpuRoutingTest, SessionEndReleasesWaitsAndWaitsForTheOperations) {
-  CreatePool("p");
-  gpu_.pinning(0)->Finish(true);
-  const uint64_t s = OpenSession();
-  const uint64_t import = Register(s);
-  Alloc(s, 8);
-  auto backup = Transfer(s, import, 0);
-  backup.set_wait_kv_written(1000);
-  ASSERT_OK(handler_.Backup(backup));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (gpu_.held() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  const auto [s, import] = SubmitBlockedBackup();
   v1::CloseSessionRequest close;
   close.set_session_id(s);
   std::thread closer([&] { EXPECT_OK(handler_.CloseSession(close)); });
-  while (gpu_.import(0)->released_.load() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  WaitsReleased();
   EXPECT_GE(gpu_.import(0)->released_.load(), 1);
   gpu_.CompleteAll();
   closer.join();
