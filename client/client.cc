@@ -21,7 +21,7 @@
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
 #include "proto/contract/op_signal.h"
-#include "proto/contract/session_attach.h"
+#include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
 #include "proto/contract/status_macros.h"
 
@@ -31,16 +31,24 @@ struct Client::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::HostKV::Stub> stub;
   std::string auth_token;
-  uint64_t session_id = 0;
+  std::string session_id;  // the 16-byte secret
   uint32_t session_number = 0;
   bool open = false;
   ShmSegment signals;  // read-only
   uint32_t signal_slots = 0;
-  ScopedFd session_socket;  // attached: the session lives while it is open
+  // Attached: the session lives while it is open. Records on it are
+  // request/reply pairs, serialized by socket_mu.
+  absl::Mutex socket_mu;
+  ScopedFd session_socket;
   // TCP: renews the lease until `stop_renewing` is notified.
   std::thread renewer;
   absl::Mutex renew_mu;
   bool stop_renewing ABSL_GUARDED_BY(renew_mu) = false;
+
+  // Opens the session over "<socket_path>.session" (bound to this
+  // process's credentials), maps its signal records.
+  absl::Status OpenOverSessionSocket(const std::string& socket_path,
+                                     const std::string& client_name);
 
   // Calls one unary method with a deadline and converts the status.
   template <typename Request, typename Response, typename Method>
@@ -60,9 +68,31 @@ struct Client::Impl {
 
 namespace {
 
-// Attaches the session socket "<path>.session" for `session_id`.
-absl::StatusOr<ScopedFd> AttachSessionSocket(const std::string& socket_path,
-                                             uint64_t session_id) {
+// One request/reply exchange on the session socket; `reply_fd` receives a
+// descriptor the daemon passed back, if any.
+absl::StatusOr<SessionReply> Exchange(int socket, const SessionMessage& message,
+                                      int pass_fd, ScopedFd* reply_fd) {
+  // A refused connection has its reply waiting already, so read even if
+  // the send failed.
+  const bool sent = SendRecord(socket, &message, sizeof(message), pass_fd);
+  const int send_errno = errno;
+  SessionReply reply{};
+  ReceivedRecord got = ReceiveRecord(socket, &reply, sizeof(reply), false);
+  if (got.bytes != static_cast<ssize_t>(sizeof(reply))) {
+    return absl::UnavailableError(absl::StrCat(
+        "the daemon closed the session socket",
+        sent ? "" : absl::StrCat(" (send: ", std::strerror(send_errno), ")")));
+  }
+  reply.message[sizeof(reply.message) - 1] = '\0';
+  if (reply.code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code), reply.message);
+  }
+  if (reply_fd != nullptr) *reply_fd = std::move(got.fd);
+  return reply;
+}
+
+// Connects to the session socket "<path>.session".
+absl::StatusOr<ScopedFd> ConnectSessionSocket(const std::string& socket_path) {
   const std::string path = socket_path + kSessionSocketSuffix;
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
@@ -73,19 +103,18 @@ absl::StatusOr<ScopedFd> AttachSessionSocket(const std::string& socket_path,
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot attach session socket ", path, ": ", std::strerror(errno)));
-  }
-  const SessionAttach attach{kSessionAttachMagic, 1, session_id};
-  SessionAttachReply reply{};
-  if (send(fd.get(), &attach, sizeof(attach), MSG_NOSIGNAL) != sizeof(attach) ||
-      recv(fd.get(), &reply, sizeof(reply), 0) != sizeof(reply)) {
-    return absl::UnavailableError("the daemon closed the session socket");
-  }
-  reply.message[sizeof(reply.message) - 1] = '\0';
-  if (reply.code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(reply.code), reply.message);
+        "cannot connect to the session socket ", path, ": ", std::strerror(errno)));
   }
   return fd;
+}
+
+SessionMessage NewMessage(SessionMessageKind kind) {
+  SessionMessage m{};
+  m.magic = kSessionMagic;
+  m.version = kSessionProtocolVersion;
+  m.kind = static_cast<uint32_t>(kind);
+  m.pid = static_cast<uint32_t>(getpid());
+  return m;
 }
 
 void FillRuns(const std::vector<PageRange>& pages,
@@ -131,12 +160,16 @@ Client::~Client() { Close().IgnoreError(); }
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& target, const std::string& client_name,
     const ConnectOptions& options) {
-  if (absl::StartsWith(target, "unix:")) {
+  const bool unix_socket = absl::StartsWith(target, "unix:");
+  if (unix_socket) {
     struct stat st;
     if (stat(target.c_str() + 5, &st) != 0 || !S_ISSOCK(st.st_mode)) {
       return absl::UnavailableError(absl::StrCat(
           "no hostkvd socket at ", target.substr(5), " (is hostkvd running?)"));
     }
+  }
+  if (client_name.size() >= sizeof(SessionMessage::client_name)) {
+    return absl::InvalidArgumentError("client_name is longer than 200 bytes");
   }
   auto impl = std::make_unique<Impl>();
   impl->auth_token = options.auth_token;
@@ -152,6 +185,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      " (is it running? is the socket path right?)"));
   }
   impl->stub = v1::HostKV::NewStub(impl->channel);
+  if (unix_socket) {
+    RETURN_IF_ERROR(impl->OpenOverSessionSocket(target.substr(5), client_name));
+    return std::unique_ptr<Client>(new Client(std::move(impl)));
+  }
   v1::OpenSessionRequest request;
   request.set_client_name(client_name);
   request.set_pid(static_cast<uint32_t>(getpid()));
@@ -164,26 +201,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   impl->signal_slots = response.signal_slots();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   Impl& self = *client->impl_;
-  if (absl::StartsWith(target, "unix:")) {
-    ASSIGN_OR_RETURN(self.session_socket,
-                     AttachSessionSocket(target.substr(5), self.session_id));
-  } else {
-    const absl::Duration period =
-        absl::Seconds(std::max<uint32_t>(1, response.lease_seconds())) / 3;
-    self.renewer = std::thread([&self, period] {
-      v1::RenewSessionRequest renew;
-      renew.set_session_id(self.session_id);
-      absl::MutexLock lock(&self.renew_mu);
-      while (!self.renew_mu.AwaitWithTimeout(
-          absl::Condition(&self.stop_renewing), period)) {
-        self.renew_mu.Unlock();
-        self.Call<v1::RenewSessionRequest, v1::RenewSessionResponse>(
-                &v1::HostKV::Stub::RenewSession, renew)
-            .IgnoreError();
-        self.renew_mu.Lock();
-      }
-    });
-  }
+  const absl::Duration period =
+      absl::Seconds(std::max<uint32_t>(1, response.lease_seconds())) / 3;
+  self.renewer = std::thread([&self, period] {
+    v1::RenewSessionRequest renew;
+    renew.set_session_id(self.session_id);
+    absl::MutexLock lock(&self.renew_mu);
+    while (!self.renew_mu.AwaitWithTimeout(
+        absl::Condition(&self.stop_renewing), period)) {
+      self.renew_mu.Unlock();
+      self.Call<v1::RenewSessionRequest, v1::RenewSessionResponse>(
+              &v1::HostKV::Stub::RenewSession, renew)
+          .IgnoreError();
+      self.renew_mu.Lock();
+    }
+  });
   absl::StatusOr<ShmSegment> signals = ShmSegment::Open(
       response.signal_segment(), ShmSegment::Access::kReadOnly);
   if (!signals.ok()) return signals.status();  // ~Client closes the session
@@ -194,7 +226,46 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   return client;
 }
 
-uint64_t Client::session_id() const { return impl_->session_id; }
+absl::Status Client::Impl::OpenOverSessionSocket(const std::string& socket_path,
+                                                 const std::string& client_name) {
+  ASSIGN_OR_RETURN(ScopedFd fd, ConnectSessionSocket(socket_path));
+  SessionMessage message = NewMessage(SessionMessageKind::kOpen);
+  std::strncpy(message.client_name, client_name.c_str(),
+               sizeof(message.client_name) - 1);
+  ScopedFd signal_fd;
+  ASSIGN_OR_RETURN(SessionReply reply,
+                   Exchange(fd.get(), message, -1, &signal_fd));
+  if (signal_fd.get() < 0) {
+    return absl::InternalError("the daemon sent no signal segment");
+  }
+  ASSIGN_OR_RETURN(signals, ShmSegment::MapFd(signal_fd.get(), "signal segment",
+                                              ShmSegment::Access::kReadOnly));
+  if (signals.size() < uint64_t{reply.signal_slots} * sizeof(OpSignal)) {
+    return absl::InternalError("the signal segment is smaller than announced");
+  }
+  session_id.assign(reinterpret_cast<const char*>(reply.session_id),
+                    kSessionIdBytes);
+  session_number = reply.session_number;
+  signal_slots = reply.signal_slots;
+  open = true;
+  absl::MutexLock lock(&socket_mu);
+  session_socket = std::move(fd);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Client::PassDescriptor(int fd) {
+  absl::MutexLock lock(&impl_->socket_mu);
+  if (impl_->session_socket.get() < 0) {
+    return absl::FailedPreconditionError(
+        "descriptors travel over the session socket: connect to a unix: target");
+  }
+  ASSIGN_OR_RETURN(SessionReply reply,
+                   Exchange(impl_->session_socket.get(),
+                            NewMessage(SessionMessageKind::kPassFd), fd, nullptr));
+  return reply.value;
+}
+
+const std::string& Client::session_id() const { return impl_->session_id; }
 uint32_t Client::session_number() const { return impl_->session_number; }
 
 absl::Status Client::Close() {
@@ -213,6 +284,7 @@ absl::Status Client::Close() {
       impl_->Call<v1::CloseSessionRequest, v1::CloseSessionResponse>(
           &v1::HostKV::Stub::CloseSession, request)
           .status();
+  absl::MutexLock lock(&impl_->socket_mu);
   impl_->session_socket = ScopedFd();
   return status;
 }
@@ -220,6 +292,7 @@ absl::Status Client::Close() {
 absl::StatusOr<v1::Pool> Client::CreatePool(const v1::PoolSpec& spec,
                                             bool attach_if_exists) {
   v1::CreatePoolRequest request;
+  request.set_session_id(impl_->session_id);
   *request.mutable_spec() = spec;
   request.set_attach_if_exists(attach_if_exists);
   return impl_->Call<v1::CreatePoolRequest, v1::Pool>(
@@ -242,6 +315,7 @@ absl::StatusOr<std::vector<v1::Pool>> Client::ListPools() {
 
 absl::Status Client::DeletePool(const std::string& name) {
   v1::DeletePoolRequest request;
+  request.set_session_id(impl_->session_id);
   request.set_name(name);
   return impl_->Call<v1::DeletePoolRequest, v1::DeletePoolResponse>(
                  &v1::HostKV::Stub::DeletePool, request)

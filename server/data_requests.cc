@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/page_format.h"
 #include "proto/contract/status_macros.h"
+#include "server/pool_access.h"
 #include "server/pool_spec.h"
 #include "server/request_handler.h"
 #include "server/request_validation.h"
@@ -20,6 +21,7 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  RETURN_IF_ERROR(CheckPoolUse(pool->name(), pool->owner(), Principal::Of(*session)));
   const uint32_t page_size = pool->geometry().page_size;
   if (request.num_tokens() == 0 || request.num_tokens() % page_size != 0) {
     if (metrics_ != nullptr) metrics_->RecordAllocFailure("bad_size");
@@ -50,7 +52,7 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
 }
 
 absl::StatusOr<RequestHandler::OwnedPages> RequestHandler::ResolveOwnedPages(
-    uint64_t session_id, const std::string& pool_name,
+    const SessionId& session_id, const std::string& pool_name,
     const google::protobuf::RepeatedPtrField<v1::PageRun>& pages) {
   OwnedPages owned;
   ASSIGN_OR_RETURN(owned.session, sessions_->Get(session_id));

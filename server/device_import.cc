@@ -1,5 +1,8 @@
 #include "server/device_import.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <limits>
 #include <utility>
 
@@ -67,9 +70,93 @@ DeviceImport::~DeviceImport() {
   pool_->imports().fetch_sub(1);
 }
 
+absl::Status CheckSealedMemfd(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(
+        "the passed descriptor is not a memfd (memfd_create with "
+        "MFD_ALLOW_SEALING)");
+  }
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    return absl::InvalidArgumentError(
+        "the passed memfd is not sealed against shrinking: add F_SEAL_SHRINK "
+        "(fcntl F_ADD_SEALS) after sizing it");
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return absl::InvalidArgumentError("the passed memfd is not open read-write");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+    return absl::InvalidArgumentError("the passed memfd is empty");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// PermissionDenied unless `policy` lets the session register `segment`.
+absl::Status CheckSegmentOwner(const ShmSegment& segment,
+                               const ShmAccessPolicy& policy,
+                               const std::string& where) {
+  if (!policy.peer_uid.has_value()) return absl::OkStatus();  // unverified
+  if (segment.owner_uid() == *policy.peer_uid) return absl::OkStatus();
+  // The owner is read from the descriptor the daemon maps: no window
+  // between the check and the mapping. Root is checked like anyone else:
+  // a root client registers root's segments.
+  const bool group_rw = (segment.mode() & (S_IRGRP | S_IWGRP)) == (S_IRGRP | S_IWGRP);
+  if (policy.shared_group.has_value() && segment.owner_gid() == *policy.shared_group &&
+      group_rw) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      where, ": segment ", segment.name(), " belongs to uid ",
+      segment.owner_uid(), ", not to the client's uid ", *policy.peer_uid,
+      policy.shared_group.has_value() ? " (nor is it group read-write in --shm_group)"
+                                      : ""));
+}
+
+// Opens the segment `ref` names.
+absl::StatusOr<ShmSegment> OpenSegment(const DeviceBufferRef& ref,
+                                       const ShmAccessPolicy& policy,
+                                       const std::string& where) {
+  if (ref.passed_fd != 0) {
+    if (!policy.passed_fd) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": this session cannot pass descriptors"));
+    }
+    absl::StatusOr<ScopedFd> fd = policy.passed_fd(ref.passed_fd);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(),
+                          absl::StrCat(where, ": ", fd.status().message()));
+    }
+    // Checked when it was passed; the seals cannot be removed since.
+    return ShmSegment::MapFd(fd->get(), absl::StrCat("passed descriptor ", ref.passed_fd),
+                             ShmSegment::Access::kReadWrite);
+  }
+  if (!IsValidShmName(ref.shm_name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": bad shm name '", ref.shm_name,
+        "' (want \"/\" then 1..200 of [A-Za-z0-9._-])"));
+  }
+  if (absl::StartsWith(ref.shm_name, policy.reserved_prefix)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        where, ": segment ", ref.shm_name, " belongs to the daemon"));
+  }
+  absl::StatusOr<ShmSegment> segment = ShmSegment::Open(ref.shm_name);
+  if (!segment.ok()) {
+    return absl::Status(segment.status().code(),
+                        absl::StrCat(where, ": ", segment.status().message()));
+  }
+  RETURN_IF_ERROR(CheckSegmentOwner(*segment, policy, where));
+  return segment;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
     std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,
-    const std::string& reserved_prefix, std::optional<uint32_t> peer_uid) {
+    const ShmAccessPolicy& policy) {
   const PoolGeometry& g = pool->geometry();
   RETURN_IF_ERROR(
       CheckImportShape(g, spec.token_slots, spec.k.size(), spec.v.size()));
@@ -77,7 +164,8 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
   const uint64_t need = spec.token_slots * g.token_stride();
   std::unique_ptr<DeviceImport> import(
       new DeviceImport(std::move(pool), spec.token_slots));
-  absl::flat_hash_map<std::string, size_t> opened;  // name -> segments_ index
+  // "n:<name>" or "f:<handle>" -> segments_ index
+  absl::flat_hash_map<std::string, size_t> opened;
   import->layers_.resize(g.num_layers, LayerBuffers{{nullptr, nullptr}});
   const std::vector<DeviceBufferRef>* planes[2] = {&spec.k, &spec.v};
   for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
@@ -85,43 +173,24 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
       const DeviceBufferRef& ref = (*planes[kv])[l];
       const std::string where =
           absl::StrCat(kv == 0 ? "k_buffers[" : "v_buffers[", l, "]");
-      if (!IsValidShmName(ref.shm_name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": bad shm name '", ref.shm_name,
-            "' (want \"/\" then 1..200 of [A-Za-z0-9._-])"));
-      }
-      if (absl::StartsWith(ref.shm_name, reserved_prefix)) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            where, ": segment ", ref.shm_name, " belongs to the daemon"));
-      }
       if (ref.size < need) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": size ", ref.size, " is smaller than token_slots * ",
             "token_stride = ", spec.token_slots, " * ", g.token_stride(),
             " = ", need));
       }
-      auto [it, inserted] = opened.try_emplace(ref.shm_name, import->segments_.size());
+      const std::string key = ref.passed_fd != 0 ? absl::StrCat("f:", ref.passed_fd)
+                                                 : absl::StrCat("n:", ref.shm_name);
+      auto [it, inserted] = opened.try_emplace(key, import->segments_.size());
       if (inserted) {
-        absl::StatusOr<ShmSegment> segment = ShmSegment::Open(ref.shm_name);
-        if (!segment.ok()) {
-          return absl::Status(segment.status().code(),
-                              absl::StrCat(where, ": ", segment.status().message()));
-        }
-        // The owner is read from the descriptor the daemon maps: no window
-        // between the check and the mapping. Root may register anything.
-        if (peer_uid.has_value() && *peer_uid != 0 &&
-            segment->owner_uid() != *peer_uid) {
-          return absl::PermissionDeniedError(absl::StrCat(
-              where, ": segment ", ref.shm_name, " belongs to uid ",
-              segment->owner_uid(), ", not to the client's uid ", *peer_uid));
-        }
-        import->segments_.push_back(std::move(*segment));
+        ASSIGN_OR_RETURN(ShmSegment segment, OpenSegment(ref, policy, where));
+        import->segments_.push_back(std::move(segment));
       }
       const ShmSegment& segment = import->segments_[it->second];
       if (ref.offset > segment.size() || ref.size > segment.size() - ref.offset) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": offset ", ref.offset, " + size ", ref.size,
-            " exceeds segment ", ref.shm_name, " of ", segment.size(), " bytes"));
+            " exceeds segment ", segment.name(), " of ", segment.size(), " bytes"));
       }
       import->layers_[l].plane[kv] = segment.data() + ref.offset;
     }

@@ -6,6 +6,7 @@
 #define HOSTKV_SERVER_DEVICE_IMPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@ struct DeviceBufferRef {
   std::string shm_name;
   uint64_t offset = 0;
   uint64_t size = 0;
+  uint64_t passed_fd = 0;  // non-zero: a passed descriptor, not shm_name
 };
 
 struct DeviceImportSpec {
@@ -37,6 +39,26 @@ struct DeviceImportSpec {
 absl::Status CheckImportShape(const PoolGeometry& g, uint64_t token_slots,
                               size_t k_buffers, size_t v_buffers);
 
+// What a session may register as shared-memory device buffers.
+struct ShmAccessPolicy {
+  // Names with this prefix belong to the daemon: refused.
+  std::string reserved_prefix = "/hostkv.";
+  // The session peer's uid: named segments must belong to it (root
+  // included). Unset: the peer is unknown and names are accepted unchecked
+  // (--allow_unverified_shm_names).
+  std::optional<uint32_t> peer_uid;
+  // Also accepted: segments in this group with group read-write permission
+  // (--shm_group, set only when the peer is a member).
+  std::optional<uint32_t> shared_group;
+  // Resolves DeviceBufferRef::passed_fd handles to a descriptor.
+  std::function<absl::StatusOr<ScopedFd>(uint64_t handle)> passed_fd;
+};
+
+// OK if `fd` is a read-write memfd sealed against shrinking (F_SEAL_SHRINK)
+// and not empty, so that no mapping of it can lose its pages; else
+// InvalidArgument saying what is missing.
+absl::Status CheckSealedMemfd(int fd);
+
 // Owns the mappings of one registration; immutable after Open, so
 // thread-safe. Keeps its pool alive and counted in pool->imports().
 class DeviceImport {
@@ -47,15 +69,15 @@ class DeviceImport {
       std::shared_ptr<HostPool> pool, uint64_t token_slots,
       std::vector<LayerBuffers> layers, std::unique_ptr<GpuImportState> gpu);
 
-  // Maps every distinct segment once and checks each buffer against it and
-  // against the pool's geometry. InvalidArgument for wrong counts, sizes
-  // too small for token_slots rows, or offset + size beyond the segment;
-  // PermissionDenied for the daemon's own segments (names starting with
-  // `reserved_prefix`) and, when the client's uid is known (`peer_uid`), for
-  // segments another user owns; the segment's error if it cannot be opened.
+  // Maps every distinct segment (name or passed descriptor) once and checks
+  // each buffer against it and against the pool's geometry.
+  // InvalidArgument for wrong counts, sizes too small for token_slots rows,
+  // or offset + size beyond the segment; PermissionDenied for the daemon's
+  // own segments and for segments `policy` does not allow; NotFound for an
+  // unknown passed_fd; the segment's error if it cannot be opened.
   static absl::StatusOr<std::unique_ptr<DeviceImport>> OpenShm(
       std::shared_ptr<HostPool> pool, const DeviceImportSpec& spec,
-      const std::string& reserved_prefix, std::optional<uint32_t> peer_uid);
+      const ShmAccessPolicy& policy);
 
   ~DeviceImport();
   DeviceImport(const DeviceImport&) = delete;

@@ -42,6 +42,7 @@ v1::Pool HostPool::Describe() const {
   v1::Pool pool = info_;
   pool.set_backend(backend());
   pool.set_pinned(pinned());
+  *pool.mutable_owner() = owner_;
   return pool;
 }
 

@@ -66,8 +66,13 @@ class HostPool {
     return pinning_ != nullptr ? v1::BACKEND_CUDA : v1::BACKEND_CPU;
   }
   bool pinned() const { return pinning_ != nullptr && pinning_->pinned(); }
-  // The pool as the API describes it now (backend and pinned filled in).
+  // The pool as the API describes it now (backend, pinned, owner).
   v1::Pool Describe() const;
+
+  // Who owns the pool and who may use it (server/pool_access.h). Set once,
+  // before the pool is shared (PoolRegistry::Create).
+  const v1::PoolOwner& owner() const { return owner_; }
+  void set_owner(v1::PoolOwner owner) { owner_ = std::move(owner); }
 
  private:
   HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,
@@ -81,6 +86,7 @@ class HostPool {
   std::atomic<uint32_t> imports_{0};
   std::atomic<uint64_t> loads_{0};
   std::atomic<uint64_t> backups_{0};
+  v1::PoolOwner owner_;
   // Declared last: unregistered before the segment is unmapped.
   std::unique_ptr<PoolPinning> pinning_;
 };

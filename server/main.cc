@@ -2,6 +2,7 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,7 +29,7 @@
 #include "google/protobuf/text_format.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
-#include "proto/contract/session_attach.h"
+#include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
 #include "server/byte_size.h"
 #include "server/daemon_metrics.h"
@@ -39,6 +40,7 @@
 #include "server/instance_lock.h"
 #include "server/logging.h"
 #include "server/memory_budget.h"
+#include "server/pool_access.h"
 #include "server/pool_registry.h"
 #include "server/request_handler.h"
 #include "server/session_monitor.h"
@@ -95,6 +97,40 @@ ABSL_FLAG(std::string, cuda, "auto",
           "one), off (CPU backend only)");
 ABSL_FLAG(std::string, pin_chunk, "1GiB",
           "pools are registered with CUDA in chunks of about this size");
+ABSL_FLAG(int, max_sessions, 4096, "sessions open at once, all users together");
+ABSL_FLAG(int, max_sessions_per_uid, 256,
+          "sessions one uid may have open (attached over the session socket)");
+ABSL_FLAG(int, max_unattached_sessions, 64,
+          "sessions without a session socket (TCP or raw gRPC clients, whose "
+          "user is unknown) open at once");
+ABSL_FLAG(int, max_session_connections, 8192,
+          "connections to the session socket, all users together");
+ABSL_FLAG(int, max_session_connections_per_uid, 512,
+          "connections to the session socket per uid");
+ABSL_FLAG(absl::Duration, attach_timeout, absl::Seconds(10),
+          "a session-socket connection that opened or attached no session by "
+          "then is closed");
+ABSL_FLAG(int, max_imports_per_session, 64,
+          "device-buffer registrations (and passed descriptors) per session");
+ABSL_FLAG(std::string, max_import_bytes_per_session, "1TiB",
+          "device bytes one session's registrations may cover (the daemon "
+          "maps them)");
+ABSL_FLAG(int, max_imports_per_uid, 1024,
+          "device-buffer registrations of all sessions of one uid");
+ABSL_FLAG(int, max_pools_per_uid, 16,
+          "pools one uid may own (--config pools do not count)");
+ABSL_FLAG(std::string, max_pool_bytes_per_uid, "0",
+          "host memory the pools of one uid may take (0 = only "
+          "--memory_budget caps; set it on nodes shared by several users)");
+ABSL_FLAG(std::string, pool_access, "owner",
+          "who may use a pool a session creates: owner (its uid, and root), "
+          "group (also members of its creator's primary group) or any");
+ABSL_FLAG(std::string, config_pool_access, "group",
+          "who may use the --config pools: owner (the daemon's uid, and root), "
+          "group (members of --socket_group, or of the daemon's group) or any");
+ABSL_FLAG(std::string, shm_group, "",
+          "also accept shared-memory device buffers of other uids that are "
+          "group read-write in this group, from session peers in it");
 ABSL_FLAG(int, kernel_blocks, 0,
           "thread blocks per copy-kernel launch (0 = the kernel's default, "
           "16: few, as they share the GPU with the engine's kernels)");
@@ -107,7 +143,13 @@ const std::vector<std::string> kFlagNames = {
     "allow_unverified_shm_names",       "auth_token_file", "memory_budget",
     "memory_reserve", "log_level",      "log_format",     "metrics_listen",
     "copy_threads",  "signal_records",  "max_page_io",    "cuda",
-    "pin_chunk",     "kernel_blocks"};
+    "pin_chunk",     "kernel_blocks",   "max_sessions",   "max_sessions_per_uid",
+    "max_unattached_sessions",          "max_session_connections",
+    "max_session_connections_per_uid",  "attach_timeout",
+    "max_imports_per_session",          "max_import_bytes_per_session",
+    "max_imports_per_uid",              "max_pools_per_uid",
+    "max_pool_bytes_per_uid",           "pool_access",
+    "config_pool_access",               "shm_group"};
 
 // Everything the flags say, checked.
 struct DaemonOptions {
@@ -123,6 +165,10 @@ struct DaemonOptions {
   int signal_records = 256;
   std::string cuda = "auto";
   GpuBackendOptions gpu;
+  SessionLimits sessions;
+  ConnectionLimits connections;
+  PoolQuota quota;
+  v1::PoolAccess config_pool_access = v1::POOL_ACCESS_GROUP;
 };
 
 absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
@@ -145,14 +191,79 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
   return token;
 }
 
-absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
+absl::StatusOr<gid_t> ResolveGroup(const std::string& name,
+                                   const char* flag = "socket_group") {
   if (name.empty()) return static_cast<gid_t>(-1);
+  uint32_t number = 0;
+  if (absl::SimpleAtoi(name, &number)) return static_cast<gid_t>(number);
   const group* g = getgrnam(name.c_str());
   if (g == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--socket_group: no group named '", name, "'"));
+        absl::StrCat("--", flag, ": no group named '", name, "'"));
   }
   return g->gr_gid;
+}
+
+// A positive int flag as uint32, or InvalidArgument naming it.
+absl::StatusOr<uint32_t> CountFlag(const char* name, int value, int min = 1) {
+  if (value < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be at least ", min, ", got ", value));
+  }
+  return static_cast<uint32_t>(value);
+}
+
+absl::Status ReadTenantLimits(DaemonOptions& o) {
+  ASSIGN_OR_RETURN(o.sessions.max_sessions,
+                   CountFlag("max_sessions", absl::GetFlag(FLAGS_max_sessions)));
+  ASSIGN_OR_RETURN(o.sessions.max_sessions_per_uid,
+                   CountFlag("max_sessions_per_uid",
+                             absl::GetFlag(FLAGS_max_sessions_per_uid)));
+  ASSIGN_OR_RETURN(o.sessions.max_unattached_sessions,
+                   CountFlag("max_unattached_sessions",
+                             absl::GetFlag(FLAGS_max_unattached_sessions), 0));
+  ASSIGN_OR_RETURN(o.connections.max_connections,
+                   CountFlag("max_session_connections",
+                             absl::GetFlag(FLAGS_max_session_connections)));
+  ASSIGN_OR_RETURN(o.connections.max_connections_per_uid,
+                   CountFlag("max_session_connections_per_uid",
+                             absl::GetFlag(FLAGS_max_session_connections_per_uid)));
+  o.connections.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
+  if (o.connections.attach_timeout < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError("--attach_timeout must be at least 100ms");
+  }
+  ASSIGN_OR_RETURN(o.limits.max_imports_per_session,
+                   CountFlag("max_imports_per_session",
+                             absl::GetFlag(FLAGS_max_imports_per_session)));
+  ASSIGN_OR_RETURN(o.limits.max_import_bytes_per_session,
+                   ByteFlag("max_import_bytes_per_session",
+                            absl::GetFlag(FLAGS_max_import_bytes_per_session)));
+  ASSIGN_OR_RETURN(o.limits.max_imports_per_uid,
+                   CountFlag("max_imports_per_uid",
+                             absl::GetFlag(FLAGS_max_imports_per_uid)));
+  ASSIGN_OR_RETURN(o.quota.max_pools_per_uid,
+                   CountFlag("max_pools_per_uid",
+                             absl::GetFlag(FLAGS_max_pools_per_uid), 0));
+  ASSIGN_OR_RETURN(o.quota.max_pool_bytes_per_uid,
+                   ByteFlag("max_pool_bytes_per_uid",
+                            absl::GetFlag(FLAGS_max_pool_bytes_per_uid)));
+  absl::StatusOr<v1::PoolAccess> access =
+      ParsePoolAccess(absl::GetFlag(FLAGS_pool_access));
+  if (!access.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pool_access: ", access.status().message()));
+  }
+  o.limits.pool_access = *access;
+  access = ParsePoolAccess(absl::GetFlag(FLAGS_config_pool_access));
+  if (!access.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config_pool_access: ", access.status().message()));
+  }
+  o.config_pool_access = *access;
+  ASSIGN_OR_RETURN(const gid_t shm_group,
+                   ResolveGroup(absl::GetFlag(FLAGS_shm_group), "shm_group"));
+  if (shm_group != static_cast<gid_t>(-1)) o.limits.shm_group = shm_group;
+  return absl::OkStatus();
 }
 
 absl::Status ResolveAddress(DaemonOptions& o) {
@@ -183,6 +294,7 @@ absl::StatusOr<DaemonOptions> ReadOptions() {
   o.limits.reserved_segment_prefix = "/hostkv.";
   o.limits.allow_unverified_shm_names = absl::GetFlag(FLAGS_allow_unverified_shm_names);
   o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
+  RETURN_IF_ERROR(ReadTenantLimits(o));
   if (o.limits.session_lease < absl::Seconds(1)) {
     return absl::InvalidArgumentError("--session_lease must be at least 1s");
   }
@@ -215,6 +327,7 @@ absl::StatusOr<DaemonOptions> ReadOptions() {
 }
 
 absl::Status CreateConfiguredPools(const std::string& path,
+                                   const v1::PoolOwner& owner,
                                    PoolRegistry& pools) {
   if (path.empty()) return absl::OkStatus();
   std::ifstream file(path);
@@ -226,7 +339,8 @@ absl::Status CreateConfiguredPools(const std::string& path,
   }
   for (int i = 0; i < config.pools_size(); ++i) {
     absl::StatusOr<std::shared_ptr<HostPool>> pool =
-        pools.Create(config.pools(i), /*attach_if_exists=*/false);
+        pools.Create(config.pools(i), /*attach_if_exists=*/false, owner,
+                     Principal{});
     if (!pool.ok()) {
       return absl::Status(pool.status().code(),
                           absl::StrCat("--config ", path, ": pools[", i, "] ('",
@@ -300,14 +414,19 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   RETURN_IF_ERROR(StartGpuBackend(o, d));
   d.pools = std::make_unique<PoolRegistry>(
       d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()),
-      d.gpu.get());
-  d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records);
+      d.gpu.get(), o.quota);
+  d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records,
+                                                 o.sessions, d.budget.get());
   d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get(),
                                                  d.gpu.get());
   d.handler = std::make_unique<RequestHandler>(
       o.limits, d.budget.get(), d.pools.get(), d.sessions.get(),
       d.transfers.get(), d.metrics.get(), d.gpu.get());
-  return CreateConfiguredPools(absl::GetFlag(FLAGS_config), *d.pools);
+  const gid_t config_gid =
+      o.socket_gid != static_cast<gid_t>(-1) ? o.socket_gid : getegid();
+  return CreateConfiguredPools(
+      absl::GetFlag(FLAGS_config),
+      DaemonOwner(geteuid(), config_gid, o.config_pool_access), *d.pools);
 }
 
 absl::Status StartMetrics(Daemon& d) {
@@ -359,7 +478,8 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
                    SessionMonitor::Start(
                        d.handler.get(),
                        o.socket_path.empty() ? "" : o.socket_path + kSessionSocketSuffix,
-                       o.socket_mode, o.socket_gid, o.limits.session_lease));
+                       o.socket_mode, o.socket_gid, o.limits.session_lease,
+                       o.connections));
   return absl::OkStatus();
 }
 
@@ -405,10 +525,27 @@ int Fail(int code, const absl::Status& status) {
   return code;
 }
 
+// Session connections, passed memfds and gRPC's own connections all take
+// descriptors; gRPC's listener does not recover once accept() hits EMFILE,
+// so the soft limit goes up to the hard one.
+void RaiseFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      spdlog::debug("file descriptor limit raised from {} to {}", before,
+                    limit.rlim_cur);
+    }
+  }
+}
+
 int Run() {
   absl::StatusOr<DaemonOptions> options = ReadOptions();
   if (!options.ok()) return Fail(2, options.status());
   const DaemonOptions& o = *options;
+  RaiseFileLimit();
   absl::StatusOr<InstanceLock> lock = absl::UnknownError("");
   if (!o.socket_path.empty()) {
     lock = InstanceLock::Acquire(o.socket_path);

@@ -12,11 +12,49 @@
 namespace hostkv {
 
 PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-                           unsigned prefault_threads, GpuBackend* gpu)
+                           unsigned prefault_threads, GpuBackend* gpu,
+                           PoolQuota quota)
     : budget_(budget),
       segment_prefix_(std::move(segment_prefix)),
       prefault_threads_(prefault_threads),
-      gpu_(gpu) {}
+      gpu_(gpu),
+      quota_(quota) {}
+
+absl::Status PoolRegistry::CheckQuota(const v1::PoolOwner& owner,
+                                      uint64_t bytes) const {
+  if (owner.daemon()) return absl::OkStatus();
+  const std::string who = owner.unverified()
+                              ? std::string("sessions without a session socket")
+                              : absl::StrCat("uid ", owner.uid());
+  uint32_t pools = 0;
+  uint64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, pool] : pools_) {
+      const v1::PoolOwner& o = pool->owner();
+      if (o.daemon() || o.unverified() != owner.unverified() ||
+          (!o.unverified() && o.uid() != owner.uid())) {
+        continue;
+      }
+      ++pools;
+      held += pool->geometry().total_bytes();
+    }
+  }
+  if (pools >= quota_.max_pools_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, " already own ", pools,
+        " pools, the most --max_pools_per_uid allows"));
+  }
+  if (quota_.max_pool_bytes_per_uid != 0 &&
+      (bytes > quota_.max_pool_bytes_per_uid ||
+       held > quota_.max_pool_bytes_per_uid - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the pool needs ", FormatBytes(bytes), " but ", who, " already own ",
+        FormatBytes(held), " of the ", FormatBytes(quota_.max_pool_bytes_per_uid),
+        " --max_pool_bytes_per_uid allows; shrink the pool's capacity"));
+  }
+  return absl::OkStatus();
+}
 
 PoolRegistry::~PoolRegistry() {
   absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools;
@@ -47,19 +85,24 @@ void PoolRegistry::Notify(const std::string& name) {
 }
 
 absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
-    const v1::PoolSpec& spec, bool attach_if_exists) {
+    const v1::PoolSpec& spec, bool attach_if_exists, const v1::PoolOwner& owner,
+    const Principal& who) {
   ASSIGN_OR_RETURN(const PoolGeometry geometry, ResolvePoolSpec(spec));
   absl::MutexLock create_lock(&create_mu_);
   if (absl::StatusOr<std::shared_ptr<HostPool>> existing = Get(spec.name());
       existing.ok()) {
     const bool same = google::protobuf::util::MessageDifferencer::Equals(
         (*existing)->info().spec(), NormalizePoolSpec(spec));
-    if (attach_if_exists && same) return *existing;
+    if (attach_if_exists && same) {
+      RETURN_IF_ERROR(CheckPoolUse(spec.name(), (*existing)->owner(), who));
+      return *existing;
+    }
     return absl::AlreadyExistsError(absl::StrCat(
         "pool '", spec.name(), "' already exists",
         same ? "" : " with a different spec"));
   }
   const std::string what = absl::StrCat("pool '", spec.name(), "'");
+  RETURN_IF_ERROR(CheckQuota(owner, geometry.total_bytes()));
   RETURN_IF_ERROR(budget_->Reserve(what, geometry.total_bytes()));
   BudgetReservation reservation(budget_, geometry.total_bytes());
   const absl::Time start = absl::Now();
@@ -69,13 +112,17 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
                        absl::StrCat(segment_prefix_, "pool.", spec.name()),
                        prefault_threads_, std::move(reservation)));
   spdlog::info(
-      "pool '{}' created: {} {} page_size={} token_slots={} pages={} "
+      "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
       "bytes={} ({}) segment={} in {}",
-      spec.name(), geometry.attention == Attention::kMha ? "MHA" : "MLA",
+      spec.name(),
+      owner.daemon() ? std::string("the daemon")
+      : owner.unverified() ? std::string("an unverified session")
+                           : absl::StrCat("uid ", owner.uid()), geometry.attention == Attention::kMha ? "MHA" : "MLA",
       HostLayoutName(geometry.layout), geometry.page_size, geometry.token_slots,
       geometry.num_pages(), geometry.total_bytes(),
       FormatBytes(geometry.total_bytes()), pool->info().segment_name(),
       absl::FormatDuration(absl::Now() - start));
+  pool->set_owner(owner);
   if (gpu_ != nullptr) {
     // NOT_SERVING until pinned; `done` runs on the pinning thread, which
     // the pool joins before it goes away.
@@ -123,11 +170,12 @@ void PoolRegistry::SetObserver(Observer observer) {
   for (const std::shared_ptr<HostPool>& pool : List()) Notify(pool->name());
 }
 
-absl::Status PoolRegistry::Delete(const std::string& name) {
+absl::Status PoolRegistry::Delete(const std::string& name,
+                                  const Principal& who) {
   std::shared_ptr<HostPool> deleted;
   {
     absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(deleted, DeleteLocked(name));
+    ASSIGN_OR_RETURN(deleted, DeleteLocked(name, who));
   }
   // Destroyed out of the lock: it joins its pinning thread, which may be
   // in Notify.
@@ -138,12 +186,13 @@ absl::Status PoolRegistry::Delete(const std::string& name) {
 }
 
 absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::DeleteLocked(
-    const std::string& name) {
+    const std::string& name, const Principal& who) {
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));
   }
   HostPool& pool = *it->second;
+  RETURN_IF_ERROR(CheckPoolAdmin(name, pool.owner(), who));
   const uint64_t used = pool.allocator().num_pages() - pool.allocator().free_pages();
   if (used != 0 || pool.imports().load() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(

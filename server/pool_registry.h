@@ -15,8 +15,16 @@
 #include "server/gpu_backend.h"
 #include "server/host_pool.h"
 #include "server/memory_budget.h"
+#include "server/pool_access.h"
 
 namespace hostkv {
+
+// What one owner (a uid, or all unverified sessions together) may create.
+// Pools of the daemon's --config do not count.
+struct PoolQuota {
+  uint32_t max_pools_per_uid = 16;
+  uint64_t max_pool_bytes_per_uid = 0;  // 0: only the memory budget caps
+};
 
 // Thread-safe. Pools are shared_ptrs so that copies in flight keep a deleted
 // pool's memory alive until they finish.
@@ -26,15 +34,20 @@ class PoolRegistry {
   // null), every pool is registered with CUDA in the background after it is
   // created, in chunks of whole pool pages.
   PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-               unsigned prefault_threads, GpuBackend* gpu = nullptr);
+               unsigned prefault_threads, GpuBackend* gpu = nullptr,
+               PoolQuota quota = {});
   // Stops notifying, then destroys the pools (joining pinning threads).
   ~PoolRegistry();
 
-  // Creates pool spec.name(). If it exists: returns it when attach_if_exists
-  // and the spec is identical, else AlreadyExists. Errors of
-  // ResolvePoolSpec, the budget (ResourceExhausted) or the segment.
+  // Creates pool spec.name() owned by `owner`. If it exists: returns it
+  // when attach_if_exists and the spec is identical and `who` may use it
+  // (else PermissionDenied), else AlreadyExists. ResourceExhausted, naming
+  // the flag, past the owner's PoolQuota. Errors of ResolvePoolSpec, the
+  // budget (ResourceExhausted) or the segment.
   absl::StatusOr<std::shared_ptr<HostPool>> Create(const v1::PoolSpec& spec,
-                                                   bool attach_if_exists)
+                                                   bool attach_if_exists,
+                                                   const v1::PoolOwner& owner,
+                                                   const Principal& who)
       ABSL_LOCKS_EXCLUDED(mu_, create_mu_);
 
   // Returns NotFound if no pool has this name.
@@ -44,9 +57,11 @@ class PoolRegistry {
   // All pools, by name.
   std::vector<std::shared_ptr<HostPool>> List() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Deletes an empty pool. NotFound if unknown; FailedPrecondition while
-  // pages are allocated or device buffers are registered against it.
-  absl::Status Delete(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  // Deletes an empty pool. NotFound if unknown; PermissionDenied unless
+  // `who` may (CheckPoolAdmin); FailedPrecondition while pages are
+  // allocated or device buffers are registered against it.
+  absl::Status Delete(const std::string& name, const Principal& who)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Called with (name, serving): true once a pool is ready to use (created,
   // and pinned when there is a GPU backend), false while it is being
@@ -61,7 +76,11 @@ class PoolRegistry {
  private:
   // Removes an unused pool from the map and returns it.
   absl::StatusOr<std::shared_ptr<HostPool>> DeleteLocked(
-      const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const std::string& name, const Principal& who)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK if `owner` may add a pool of `bytes`.
+  absl::Status CheckQuota(const v1::PoolOwner& owner, uint64_t bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Tells the observer whether pool `name` is serving now.
   void Notify(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_, notify_mu_);
 
@@ -69,6 +88,7 @@ class PoolRegistry {
   const std::string segment_prefix_;
   const unsigned prefault_threads_;
   GpuBackend* const gpu_;
+  const PoolQuota quota_;
 
   absl::Mutex create_mu_;  // serializes creations (which can be slow)
   absl::Mutex notify_mu_;  // serializes observer calls

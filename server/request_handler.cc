@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/contract/status_macros.h"
+#include "server/pool_access.h"
 #include "server/request_validation.h"
 #include "server/stats_report.h"
 #include "spdlog/spdlog.h"
@@ -44,13 +45,13 @@ absl::Status RequestHandler::CheckServing() const {
 absl::StatusOr<v1::OpenSessionResponse> RequestHandler::OpenSession(
     const v1::OpenSessionRequest& request) {
   RETURN_IF_ERROR(CheckServing());
-  if (request.client_name().size() > 256) {
-    return absl::InvalidArgumentError("client_name is longer than 256 bytes");
+  if (request.client_name().size() > 200) {
+    return absl::InvalidArgumentError("client_name is longer than 200 bytes");
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Open(request.client_name(), request.pid()));
-  spdlog::info("session {} opened: client='{}' pid={}", session->tag(),
-               session->client_name(), session->pid());
+  spdlog::info("session {} opened: client='{}' pid={} (no session socket yet)",
+               session->tag(), session->client_name(), session->pid());
   v1::OpenSessionResponse response;
   response.set_session_id(session->id());
   response.set_session_number(session->tag());
@@ -59,6 +60,28 @@ absl::StatusOr<v1::OpenSessionResponse> RequestHandler::OpenSession(
   response.set_signal_segment(session->signals()->name());
   response.set_signal_slots(session->signals()->records());
   return response;
+}
+
+absl::StatusOr<AttachedSession> RequestHandler::HandOutSignals(
+    std::shared_ptr<Session> session) {
+  AttachedSession attached;
+  ASSIGN_OR_RETURN(attached.signal_fd, session->signals()->TakeReadOnlyFd());
+  attached.session = std::move(session);
+  return attached;
+}
+
+absl::StatusOr<AttachedSession> RequestHandler::OpenAttachedSession(
+    const std::string& client_name, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Open(client_name, peer.pid, peer));
+  spdlog::info("session {} opened on the session socket: client='{}' pid={} "
+               "uid={} gid={}",
+               session->tag(), session->client_name(), peer.pid, peer.uid,
+               peer.gid);
+  absl::StatusOr<AttachedSession> attached = HandOutSignals(session);
+  if (!attached.ok()) EndSession(session->id(), "closed").IgnoreError();
+  return attached;
 }
 
 absl::StatusOr<v1::RenewSessionResponse> RequestHandler::RenewSession(
@@ -78,7 +101,8 @@ absl::StatusOr<v1::CloseSessionResponse> RequestHandler::CloseSession(
   return Release(*session, "closed");
 }
 
-absl::Status RequestHandler::EndSession(uint64_t id, const char* reason) {
+absl::Status RequestHandler::EndSession(const SessionId& id,
+                                        const char* reason) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Remove(id));
   Release(*session, reason);
   return absl::OkStatus();
@@ -95,13 +119,30 @@ void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
   }
 }
 
-absl::Status RequestHandler::AttachSession(uint64_t id,
-                                           const PeerCredentials& peer) {
+absl::StatusOr<AttachedSession> RequestHandler::AttachSession(
+    const SessionId& id, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(sessions_->Attach(id, peer));
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
-  RETURN_IF_ERROR(session->Attach(peer));
   spdlog::info("session {} attached: pid={} uid={} gid={}", session->tag(),
                peer.pid, peer.uid, peer.gid);
-  return absl::OkStatus();
+  return HandOutSignals(std::move(session));
+}
+
+absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
+    const SessionId& id, const PeerCredentials& sender, ScopedFd fd) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
+  const std::optional<PeerCredentials> peer = session->peer();
+  if (!peer.has_value() || peer->uid != sender.uid) {
+    return absl::PermissionDeniedError(
+        "descriptors are taken only from the session's own peer");
+  }
+  RETURN_IF_ERROR(CheckSealedMemfd(fd.get()));
+  ASSIGN_OR_RETURN(const uint64_t handle,
+                   session->AddPassedFd(std::move(fd),
+                                        limits_.max_imports_per_session));
+  spdlog::debug("session {}: descriptor {} passed", session->tag(), handle);
+  return handle;
 }
 
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
@@ -135,8 +176,12 @@ v1::CloseSessionResponse RequestHandler::Release(Session& session,
 absl::StatusOr<v1::Pool> RequestHandler::CreatePool(
     const v1::CreatePoolRequest& request) {
   RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  const Principal who = Principal::Of(*session);
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool,
-                   pools_->Create(request.spec(), request.attach_if_exists()));
+                   pools_->Create(request.spec(), request.attach_if_exists(),
+                                  OwnerFor(who, limits_.pool_access), who));
   return pool->Describe();
 }
 
@@ -156,8 +201,34 @@ absl::StatusOr<v1::ListPoolsResponse> RequestHandler::ListPools(
 absl::StatusOr<v1::DeletePoolResponse> RequestHandler::DeletePool(
     const v1::DeletePoolRequest& request) {
   RETURN_IF_ERROR(CheckServing());
-  RETURN_IF_ERROR(pools_->Delete(request.name()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  RETURN_IF_ERROR(pools_->Delete(request.name(), Principal::Of(*session)));
+  spdlog::info("pool '{}' deleted by session {}", request.name(), session->tag());
   return v1::DeletePoolResponse();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceImport>> RequestHandler::OpenShmImport(
+    const Session& session, std::shared_ptr<HostPool> pool,
+    const RegistrationSpec& spec) const {
+  const std::optional<PeerCredentials> peer = session.peer();
+  ShmAccessPolicy policy;
+  policy.reserved_prefix = limits_.reserved_segment_prefix;
+  if (peer.has_value()) {
+    policy.peer_uid = peer->uid;
+    if (limits_.shm_group.has_value() && peer->InGroup(*limits_.shm_group)) {
+      policy.shared_group = limits_.shm_group;
+    }
+  } else if (!limits_.allow_unverified_shm_names) {
+    return absl::FailedPreconditionError(
+        "registering shared-memory buffers needs an attached session socket "
+        "(the client library attaches on unix: targets), or a daemon "
+        "started with --allow_unverified_shm_names");
+  }
+  policy.passed_fd = [&session](uint64_t handle) {
+    return session.DupPassedFd(handle);
+  };
+  return DeviceImport::OpenShm(std::move(pool), spec.shm, policy);
 }
 
 absl::StatusOr<v1::RegisterDeviceBuffersResponse>
@@ -167,7 +238,15 @@ RequestHandler::RegisterDeviceBuffers(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  RETURN_IF_ERROR(CheckPoolUse(pool->name(), pool->owner(), Principal::Of(*session)));
   ASSIGN_OR_RETURN(RegistrationSpec spec, ToRegistrationSpec(request));
+  if (const std::optional<PeerCredentials> peer = session->peer();
+      peer.has_value() &&
+      sessions_->ImportsOfUid(peer->uid) >= limits_.max_imports_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", peer->uid, " holds ", limits_.max_imports_per_uid,
+        " device-buffer imports, the most --max_imports_per_uid allows"));
+  }
   std::unique_ptr<DeviceImport> import;
   if (spec.cuda) {
     if (gpu_ == nullptr) {
@@ -177,23 +256,22 @@ RequestHandler::RegisterDeviceBuffers(
     }
     ASSIGN_OR_RETURN(import, gpu_->OpenImport(pool, spec.gpu));
   } else {
-    const std::optional<PeerCredentials> peer = session->peer();
-    if (!peer.has_value() && !limits_.allow_unverified_shm_names) {
-      return absl::FailedPreconditionError(
-          "registering shared-memory buffers by name needs an attached "
-          "session socket (the client library attaches on unix: targets), or "
-          "a daemon started with --allow_unverified_shm_names");
-    }
-    std::optional<uint32_t> peer_uid;
-    if (peer.has_value()) peer_uid = peer->uid;
-    ASSIGN_OR_RETURN(import, DeviceImport::OpenShm(
-                                 pool, spec.shm, limits_.reserved_segment_prefix,
-                                 peer_uid));
+    ASSIGN_OR_RETURN(import, OpenShmImport(*session, pool, spec));
   }
   const bool on_gpu = import->gpu() != nullptr;
   const int device = on_gpu ? import->gpu()->device() : -1;
   const bool gpu_signals = on_gpu && import->gpu()->has_signals();
-  const uint64_t id = session->AddImport(std::move(import));
+  // token_slots * token_stride <= 2^50 per buffer (CheckImportShape); the
+  // product with the buffer count saturates rather than wrap.
+  const PoolGeometry& g = pool->geometry();
+  const uint64_t per_buffer = request.token_slots() * g.token_stride();
+  const uint64_t buffers = uint64_t{g.num_layers} * g.kv_planes();
+  const uint64_t bytes = per_buffer > UINT64_MAX / buffers ? UINT64_MAX
+                                                           : per_buffer * buffers;
+  ASSIGN_OR_RETURN(const uint64_t id,
+                   session->AddImport(std::move(import), bytes,
+                                      limits_.max_imports_per_session,
+                                      limits_.max_import_bytes_per_session));
   spdlog::info("session {}: import {} opened for pool '{}' ({} layers, "
                "{} token slots, {})",
                session->tag(), id, pool->name(), pool->geometry().num_layers,

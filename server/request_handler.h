@@ -16,6 +16,7 @@
 #include "server/gpu_backend.h"
 #include "server/memory_budget.h"
 #include "server/pool_registry.h"
+#include "server/request_validation.h"
 #include "server/session_registry.h"
 #include "server/transfer_engine.h"
 
@@ -33,6 +34,25 @@ struct RequestLimits {
   bool allow_unverified_shm_names = false;
   // An unattached session ends after this long without a request.
   absl::Duration session_lease = absl::Seconds(30);
+  // Per session: device-buffer imports (and passed descriptors), and the
+  // device bytes they cover (the daemon maps them: address space).
+  uint32_t max_imports_per_session = 64;
+  uint64_t max_import_bytes_per_session = 1ull << 40;
+  // Imports of all attached sessions of one uid together.
+  uint32_t max_imports_per_uid = 1024;
+  // Who may use the pools sessions create (PoolOwner.access).
+  v1::PoolAccess pool_access = v1::POOL_ACCESS_OWNER;
+  // Shared-memory names may also belong to another uid if the segment is
+  // group read-write in this group and the session's peer is a member;
+  // unset: only the peer's own segments.
+  std::optional<uint32_t> shm_group;
+};
+
+// A session opened or attached over the session socket, with the read-only
+// descriptor of its signal segment for the client.
+struct AttachedSession {
+  std::shared_ptr<Session> session;
+  ScopedFd signal_fd;
 };
 
 // Thread-safe. Borrows its collaborators, which must outlive it.
@@ -90,13 +110,25 @@ class RequestHandler {
   // written" proceed so that draining the copies cannot hang.
   void BeginShutdown();
 
-  // Session liveness (SessionMonitor):
+  // The session socket (SessionMonitor):
+  // Opens a session bound to `peer` from the start. Errors of
+  // SessionRegistry::Open.
+  absl::StatusOr<AttachedSession> OpenAttachedSession(
+      const std::string& client_name, const PeerCredentials& peer);
   // Binds session `id` to the peer of its session socket. NotFound for an
-  // unknown session; FailedPrecondition if already attached.
-  absl::Status AttachSession(uint64_t id, const PeerCredentials& peer);
+  // unknown session; FailedPrecondition if already attached;
+  // ResourceExhausted at the peer uid's session limit.
+  absl::StatusOr<AttachedSession> AttachSession(const SessionId& id,
+                                                const PeerCredentials& peer);
+  // Keeps a memfd the peer passed; returns its handle. InvalidArgument if it
+  // is not a read-write memfd sealed against shrinking; PermissionDenied if
+  // `sender` is not the session's peer; ResourceExhausted at the limit.
+  absl::StatusOr<uint64_t> AcceptPassedFd(const SessionId& id,
+                                          const PeerCredentials& sender,
+                                          ScopedFd fd);
   // Ends session `id` as CloseSession does; `reason` ("disconnected", ...)
   // goes to the log and the metrics. NotFound if it already ended.
-  absl::Status EndSession(uint64_t id, const char* reason);
+  absl::Status EndSession(const SessionId& id, const char* reason);
   // Ends every unattached session idle for longer than `lease`.
   void ExpireIdleSessions(absl::Duration lease);
 
@@ -124,10 +156,17 @@ class RequestHandler {
     std::vector<PageRun> runs;
   };
   absl::StatusOr<OwnedPages> ResolveOwnedPages(
-      uint64_t session_id, const std::string& pool_name,
+      const SessionId& session_id, const std::string& pool_name,
       const google::protobuf::RepeatedPtrField<v1::PageRun>& pages);
   absl::StatusOr<uint64_t> CheckPageIoSize(const HostPool& pool,
                                            uint64_t pages) const;
+  // Opens the CPU import of `spec` for `session` (names or passed fds).
+  absl::StatusOr<std::unique_ptr<DeviceImport>> OpenShmImport(
+      const Session& session, std::shared_ptr<HostPool> pool,
+      const RegistrationSpec& spec) const;
+  // The session of `id` with its signal descriptor.
+  absl::StatusOr<AttachedSession> HandOutSignals(
+      std::shared_ptr<Session> session);
 
   const RequestLimits limits_;
   MemoryBudget* const budget_;

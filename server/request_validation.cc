@@ -184,9 +184,13 @@ absl::Status CheckHandleKind(const v1::DeviceBuffer& buffer,
                              const std::string& where) {
   if (buffer.handle_case() == v1::DeviceBuffer::HANDLE_NOT_SET) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": set shm_name or cuda_ipc_handle"));
+        absl::StrCat(where, ": set passed_fd, shm_name or cuda_ipc_handle"));
   }
-  if (buffer.handle_case() != kind) {
+  // Shared memory by name or by passed descriptor may be mixed.
+  const auto cuda = [](v1::DeviceBuffer::HandleCase k) {
+    return k == v1::DeviceBuffer::kCudaIpcHandle;
+  };
+  if (cuda(buffer.handle_case()) != cuda(kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": mixes shm_name and cuda_ipc_handle buffers; one "
                "registration uses one kind"));
@@ -216,9 +220,13 @@ absl::StatusOr<RegistrationSpec> ToRegistrationSpec(
         ASSIGN_OR_RETURN(GpuBufferRef ref, ToGpuBufferRef(buffer, where));
         (kv == 0 ? spec.gpu.k : spec.gpu.v).push_back(std::move(ref));
       } else {
-        (kv == 0 ? spec.shm.k : spec.shm.v)
-            .push_back(DeviceBufferRef{buffer.shm_name(), buffer.offset(),
-                                       buffer.size()});
+        if (buffer.has_passed_fd() && buffer.passed_fd() == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": passed_fd 0 is no handle"));
+        }
+        DeviceBufferRef ref{buffer.shm_name(), buffer.offset(), buffer.size()};
+        ref.passed_fd = buffer.has_passed_fd() ? buffer.passed_fd() : 0;
+        (kv == 0 ? spec.shm.k : spec.shm.v).push_back(std::move(ref));
       }
     }
   }

@@ -18,26 +18,37 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/device_import.h"
+#include "server/memory_budget.h"
 #include "server/signal_board.h"
 #include "server/slot_allocator.h"
 
 namespace hostkv {
 
-// Who is at the other end of a session's attached Unix socket (SO_PEERCRED).
+// The secret a client names its session by: kSessionIdBytes random bytes.
+using SessionId = std::string;
+
+// Who is at the other end of a session's attached Unix socket: the
+// credentials the kernel attached to the open/attach record
+// (SCM_CREDENTIALS), and the groups of the connecting process
+// (SO_PEERGROUPS).
 struct PeerCredentials {
   uint32_t pid = 0;
   uint32_t uid = 0;
   uint32_t gid = 0;
+  std::vector<uint32_t> groups;  // supplementary groups
+
+  // True if `gid` is the primary group or a supplementary one.
+  bool InGroup(uint32_t gid) const;
 };
 
 // Thread-safe.
 class Session {
  public:
-  Session(uint64_t id, OwnerTag tag, std::string client_name, uint32_t pid,
-          std::shared_ptr<SignalBoard> signals);
+  Session(SessionId id, OwnerTag tag, std::string client_name, uint32_t pid,
+          std::shared_ptr<SignalBoard> signals, BudgetReservation memory);
 
-  // The secret the client names the session by.
-  uint64_t id() const { return id_; }
+  // The secret the client names the session by. Never logged or shown.
+  const SessionId& id() const { return id_; }
   // The public number of the session (stats, logs, hand-over); also its
   // owner tag in the pools' allocators.
   OwnerTag tag() const { return tag_; }
@@ -53,7 +64,7 @@ class Session {
     return absl::FromUnixNanos(last_active_ns_.load());
   }
   // Records the peer of the attached session socket. FailedPrecondition if
-  // one is attached already.
+  // one is attached already. (SessionRegistry::Attach counts it.)
   absl::Status Attach(const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
   bool attached() const ABSL_LOCKS_EXCLUDED(mu_);
   // The attached peer, if any.
@@ -67,9 +78,22 @@ class Session {
   // A new operation id, unique within the session.
   uint64_t NextOpId() { return next_op_.fetch_add(1) + 1; }
 
-  // Registers an import; returns its id.
-  uint64_t AddImport(std::shared_ptr<DeviceImport> import)
+  // Registers an import of `bytes` device bytes; returns its id.
+  // ResourceExhausted (naming the flag) if the session would then hold more
+  // than `max_imports` imports or `max_bytes` imported bytes.
+  absl::StatusOr<uint64_t> AddImport(std::shared_ptr<DeviceImport> import,
+                                     uint64_t bytes, uint32_t max_imports,
+                                     uint64_t max_bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps a descriptor the client passed over its session socket; returns
+  // its handle (DeviceBuffer.passed_fd). ResourceExhausted beyond `max`.
+  absl::StatusOr<uint64_t> AddPassedFd(ScopedFd fd, uint32_t max)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A duplicate of the descriptor of handle `handle` (the original stays
+  // with the session until it ends); NotFound for an unknown handle.
+  absl::StatusOr<ScopedFd> DupPassedFd(uint64_t handle) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t passed_fds() const ABSL_LOCKS_EXCLUDED(mu_);
   // Returns NotFound if the session has no import with this id.
   absl::StatusOr<std::shared_ptr<DeviceImport>> GetImport(uint64_t id) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -82,14 +106,16 @@ class Session {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Number of imports per pool name.
   std::map<std::string, uint32_t> ImportsByPool() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t import_count() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  const uint64_t id_;
+  const SessionId id_;
   const OwnerTag tag_;
   const std::string client_name_;
   const uint32_t pid_;
   const absl::Time opened_;
   const std::shared_ptr<SignalBoard> signals_;
+  const BudgetReservation memory_;  // the signal segment's bytes
   std::atomic<uint64_t> next_op_{0};
   std::atomic<int64_t> last_active_ns_;
   std::atomic<bool> ending_{false};
@@ -97,8 +123,14 @@ class Session {
   mutable absl::Mutex mu_;
   std::optional<PeerCredentials> peer_ ABSL_GUARDED_BY(mu_);
   uint64_t next_import_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<DeviceImport>> imports_
-      ABSL_GUARDED_BY(mu_);
+  struct ImportEntry {
+    std::shared_ptr<DeviceImport> import;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<uint64_t, ImportEntry> imports_ ABSL_GUARDED_BY(mu_);
+  uint64_t import_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_fd_handle_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, ScopedFd> passed_fds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hostkv

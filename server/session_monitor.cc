@@ -1,5 +1,6 @@
 #include "server/session_monitor.h"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,8 +13,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/contract/session_attach.h"
 #include "spdlog/spdlog.h"
+
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59
+#endif
 
 namespace hostkv {
 namespace {
@@ -27,6 +31,10 @@ absl::StatusOr<ScopedFd> Listen(const std::string& path, mode_t mode,
     return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
   }
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  // Accepted connections inherit it: every record then carries the
+  // sender's credentials, taken by the kernel when it is sent.
+  const int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
   unlink(path.c_str());  // the instance lock guarantees it is ours
   if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       listen(fd.get(), 128) != 0) {
@@ -40,19 +48,40 @@ absl::StatusOr<ScopedFd> Listen(const std::string& path, mode_t mode,
   return fd;
 }
 
-void Reply(int fd, const absl::Status& status) {
-  SessionAttachReply reply{};
+SessionReply ReplyFor(SessionMessageKind kind, const absl::Status& status) {
+  SessionReply reply{};
   reply.code = static_cast<uint32_t>(status.code());
+  reply.kind = static_cast<uint32_t>(kind);
   std::strncpy(reply.message, std::string(status.message()).c_str(),
                sizeof(reply.message) - 1);
-  send(fd, &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+  return reply;
+}
+
+void Reply(int fd, const SessionReply& reply, int pass_fd = -1) {
+  if (!SendRecord(fd, &reply, sizeof(reply), pass_fd)) {
+    spdlog::debug("session socket: reply not sent: {}", std::strerror(errno));
+  }
+}
+
+std::vector<uint32_t> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) {
+    if (errno != ERANGE) return {};
+    groups.resize(len / sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) {
+      return {};
+    }
+  }
+  groups.resize(len / sizeof(gid_t));
+  return std::vector<uint32_t>(groups.begin(), groups.end());
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionMonitor>> SessionMonitor::Start(
     RequestHandler* handler, const std::string& socket_path, mode_t mode,
-    gid_t gid, absl::Duration lease) {
+    gid_t gid, absl::Duration lease, ConnectionLimits limits) {
   ScopedFd listener;
   if (!socket_path.empty()) {
     absl::StatusOr<ScopedFd> fd = Listen(socket_path, mode, gid);
@@ -71,22 +100,24 @@ absl::StatusOr<std::unique_ptr<SessionMonitor>> SessionMonitor::Start(
     ev.data.fd = fd;
     epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &ev);
   }
-  std::unique_ptr<SessionMonitor> monitor(
-      new SessionMonitor(handler, socket_path, lease, std::move(listener),
-                         std::move(epoll), std::move(wake)));
+  std::unique_ptr<SessionMonitor> monitor(new SessionMonitor(
+      handler, socket_path, lease, limits, std::move(listener),
+      std::move(epoll), std::move(wake)));
   monitor->thread_ = std::thread([m = monitor.get()] { m->Loop(); });
   return monitor;
 }
 
 SessionMonitor::SessionMonitor(RequestHandler* handler, std::string socket_path,
-                               absl::Duration lease, ScopedFd listener,
-                               ScopedFd epoll, ScopedFd wake)
+                               absl::Duration lease, ConnectionLimits limits,
+                               ScopedFd listener, ScopedFd epoll, ScopedFd wake)
     : handler_(handler),
       socket_path_(std::move(socket_path)),
-      lease_(lease),
+      limits_(limits),
       listener_(std::move(listener)),
       epoll_(std::move(epoll)),
-      wake_(std::move(wake)) {}
+      wake_(std::move(wake)),
+      reserve_(open("/dev/null", O_RDONLY | O_CLOEXEC)),
+      reaper_(handler, lease) {}
 
 SessionMonitor::~SessionMonitor() {
   const uint64_t one = 1;
@@ -94,9 +125,11 @@ SessionMonitor::~SessionMonitor() {
     spdlog::warn("session monitor: cannot wake: {}", std::strerror(errno));
   }
   thread_.join();
-  for (const auto& [fd, id] : connections_) close(fd);
+  for (const auto& [fd, c] : connections_) close(fd);
   if (!socket_path_.empty()) unlink(socket_path_.c_str());
 }
+
+size_t SessionMonitor::connections() const { return count_.load(); }
 
 void SessionMonitor::Loop() {
   epoll_event events[64];
@@ -113,64 +146,182 @@ void SessionMonitor::Loop() {
       }
     }
     if (absl::Now() >= next_sweep) {
-      handler_->ExpireIdleSessions(lease_);
+      DropLate();
       next_sweep = absl::Now() + absl::Seconds(1);
     }
   }
 }
 
+void SessionMonitor::ShedOne() {
+  // Out of descriptors: give up the spare one to accept the connection and
+  // close it at once, so the backlog does not keep the listener readable
+  // forever (and the client learns it was refused).
+  reserve_ = ScopedFd();
+  ScopedFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  reserve_ = ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  spdlog::warn("session socket: out of file descriptors; refused a connection "
+               "({} open)", connections_.size());
+}
+
 void SessionMonitor::Accept() {
   while (true) {
-    const int fd = accept4(listener_.get(), nullptr, nullptr,
-                           SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    ScopedFd fd(accept4(listener_.get(), nullptr, nullptr,
+                        SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd.get() < 0) {
+      if (errno == EMFILE || errno == ENFILE) ShedOne();
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
+    absl::Status refused;
+    uint32_t& of_uid = per_uid_[cred.uid];
+    if (connections_.size() >= limits_.max_connections) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          connections_.size(), " session connections are open, the most "
+          "--max_session_connections allows"));
+    } else if (of_uid >= limits_.max_connections_per_uid) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", cred.uid, " has ", of_uid, " session connections open, the "
+          "most --max_session_connections_per_uid allows"));
+    }
+    if (!refused.ok()) {
+      if (of_uid == 0) per_uid_.erase(cred.uid);
+      Reply(fd.get(), ReplyFor(SessionMessageKind::kOpen, refused));
+      spdlog::debug("session socket: {}", std::string(refused.message()));
+      continue;
+    }
+    ++of_uid;
+    Connection c;
+    c.uid = cred.uid;
+    c.gid = cred.gid;
+    c.groups = PeerGroups(fd.get());
+    c.accepted = absl::Now();
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
-    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
-    connections_[fd] = 0;
+    ev.data.fd = fd.get();
+    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd.get(), &ev);
+    connections_.emplace(fd.release(), std::move(c));
+    count_.store(connections_.size());
   }
 }
 
 bool SessionMonitor::Serve(int fd) {
   auto it = connections_.find(fd);
   if (it == connections_.end()) return false;
-  SessionAttach attach{};
-  const ssize_t got = recv(fd, &attach, sizeof(attach), MSG_DONTWAIT);
-  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-  if (got <= 0) return false;  // closed: the client is gone
-  if (it->second != 0) {
-    Reply(fd, absl::FailedPreconditionError("the session is already attached"));
+  Connection& c = it->second;
+  SessionMessage m{};
+  ReceivedRecord got = ReceiveRecord(fd, &m, sizeof(m), /*dont_wait=*/true);
+  if (got.bytes < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+  if (got.bytes <= 0) return false;  // closed: the client is gone
+  const auto kind = static_cast<SessionMessageKind>(m.kind);
+  if (got.bytes != sizeof(m) || got.truncated || m.magic != kSessionMagic ||
+      m.version != kSessionProtocolVersion) {
+    Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(absl::StrCat(
+                                 "malformed session record (want ", sizeof(m),
+                                 "-byte version ", kSessionProtocolVersion,
+                                 " records)"))));
+    return false;
+  }
+  // The kernel's credentials of the process that sent this record: a
+  // connection handed to a process of another user is refused, not
+  // attached as its creator.
+  if (!got.has_credentials || got.uid != c.uid) {
+    Reply(fd, ReplyFor(kind, absl::PermissionDeniedError(
+                                 "the record was sent by another user than "
+                                 "the one who connected")));
+    spdlog::warn("session socket: a connection of uid {} sent a record as uid "
+                 "{}; closed",
+                 c.uid, got.has_credentials ? static_cast<int64_t>(got.uid) : -1);
+    return false;
+  }
+  PeerCredentials sender{static_cast<uint32_t>(got.pid), got.uid, got.gid,
+                         c.groups};
+  return Handle(fd, c, m, sender, std::move(got.fd));
+}
+
+bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
+                            const PeerCredentials& sender, ScopedFd passed) {
+  const auto kind = static_cast<SessionMessageKind>(m.kind);
+  if (kind == SessionMessageKind::kPassFd) {
+    absl::StatusOr<uint64_t> handle =
+        c.session.empty()
+            ? absl::FailedPreconditionError("open or attach a session first")
+        : passed.get() < 0
+            ? absl::InvalidArgumentError("kPassFd carries no descriptor")
+            : handler_->AcceptPassedFd(c.session, sender, std::move(passed));
+    SessionReply reply = ReplyFor(kind, handle.status());
+    if (handle.ok()) reply.value = *handle;
+    Reply(fd, reply);
     return true;
   }
-  if (got != sizeof(attach) || attach.magic != kSessionAttachMagic ||
-      attach.version != 1) {
-    Reply(fd, absl::InvalidArgumentError("malformed SessionAttach record"));
+  if (kind != SessionMessageKind::kOpen && kind != SessionMessageKind::kAttach) {
+    Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(
+                                 absl::StrCat("unknown record kind ", m.kind))));
     return false;
   }
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    Reply(fd, absl::InternalError("cannot read the peer's credentials"));
+  if (!c.session.empty()) {
+    Reply(fd, ReplyFor(kind, absl::FailedPreconditionError(
+                                 "this connection has a session already")));
+    return true;
+  }
+  absl::StatusOr<AttachedSession> attached = absl::UnknownError("");
+  if (kind == SessionMessageKind::kOpen) {
+    char name[sizeof(m.client_name) + 1] = {};
+    std::memcpy(name, m.client_name, sizeof(m.client_name));
+    attached = handler_->OpenAttachedSession(name, sender);
+  } else {
+    attached = handler_->AttachSession(
+        SessionId(reinterpret_cast<const char*>(m.session_id), kSessionIdBytes),
+        sender);
+  }
+  SessionReply reply = ReplyFor(kind, attached.status());
+  if (!attached.ok()) {
+    Reply(fd, reply);
     return false;
   }
-  const absl::Status status = handler_->AttachSession(
-      attach.session_id, PeerCredentials{static_cast<uint32_t>(cred.pid),
-                                         cred.uid, cred.gid});
-  Reply(fd, status);
-  if (!status.ok()) return false;
-  it->second = attach.session_id;
+  const Session& session = *attached->session;
+  std::memcpy(reply.session_id, session.id().data(), kSessionIdBytes);
+  reply.session_number = session.tag();
+  reply.signal_slots = session.signals()->records();
+  reply.lease_seconds = 0;  // lives as long as the connection
+  c.session = session.id();
+  Reply(fd, reply, attached->signal_fd.get());
   return true;
 }
 
 void SessionMonitor::Drop(int fd) {
   auto it = connections_.find(fd);
-  const uint64_t session = it == connections_.end() ? 0 : it->second;
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   close(fd);
-  if (it != connections_.end()) connections_.erase(it);
-  // NotFound when the client closed the session itself first: nothing to do.
-  if (session != 0) handler_->EndSession(session, "disconnected").IgnoreError();
+  if (it == connections_.end()) return;
+  SessionId session = std::move(it->second.session);
+  auto uid = per_uid_.find(it->second.uid);
+  if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);
+  connections_.erase(it);
+  count_.store(connections_.size());
+  if (!session.empty()) reaper_.End(std::move(session), "disconnected");
+}
+
+void SessionMonitor::DropLate() {
+  const absl::Time cutoff = absl::Now() - limits_.attach_timeout;
+  std::vector<int> late;
+  for (const auto& [fd, c] : connections_) {
+    if (c.session.empty() && c.accepted < cutoff) late.push_back(fd);
+  }
+  for (int fd : late) {
+    Reply(fd, ReplyFor(SessionMessageKind::kOpen,
+                       absl::DeadlineExceededError(
+                           "no session was opened or attached within "
+                           "--attach_timeout")));
+    Drop(fd);
+  }
+  if (!late.empty()) {
+    spdlog::info("session socket: closed {} connections that did not attach "
+                 "in time",
+                 late.size());
+  }
 }
 
 }  // namespace hostkv

@@ -1,7 +1,8 @@
-// Ends sessions whose clients are gone: a session with an attached session
-// socket ends when that connection closes (the client exited or was killed);
-// one without ends after `lease` without a request. Also accepts the
-// attachments and reads the peer's credentials (SO_PEERCRED).
+// The session socket ("<socket>.session"): accepts connections, opens or
+// attaches sessions bound to the peer's credentials, takes passed memfds,
+// and ends a session when its connection closes (the client exited or was
+// killed). Connections are limited in number, per uid and in time until
+// they attach.
 #ifndef HOSTKV_SERVER_SESSION_MONITOR_H_
 #define HOSTKV_SERVER_SESSION_MONITOR_H_
 
@@ -10,43 +11,77 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
 #include "server/request_handler.h"
+#include "server/session_reaper.h"
 
 namespace hostkv {
+
+struct ConnectionLimits {
+  uint32_t max_connections = 8192;         // all users together
+  uint32_t max_connections_per_uid = 512;  // attached or not
+  // A connection that has not opened or attached a session by then is
+  // closed.
+  absl::Duration attach_timeout = absl::Seconds(10);
+};
 
 // Runs one thread; Start and the destructor are not thread-safe.
 class SessionMonitor {
  public:
   // Listens for session sockets on `socket_path` (none if empty), with
-  // `mode` and, if gid >= 0, that group. Returns the bind error.
+  // `mode` and, if gid >= 0, that group. Unattached sessions idle for
+  // `lease` end. Returns the bind error.
   static absl::StatusOr<std::unique_ptr<SessionMonitor>> Start(
       RequestHandler* handler, const std::string& socket_path, mode_t mode,
-      gid_t gid, absl::Duration lease);
-  ~SessionMonitor();  // Stops the thread; closes the connections.
+      gid_t gid, absl::Duration lease, ConnectionLimits limits = {});
+  // Stops the thread, closes the connections (ending their sessions).
+  ~SessionMonitor();
+
+  // Connections open now (for tests and stats).
+  size_t connections() const;
 
  private:
+  struct Connection {
+    uid_t uid = 0;  // SO_PEERCRED: the connecting process
+    gid_t gid = 0;
+    std::vector<uint32_t> groups;  // SO_PEERGROUPS
+    absl::Time accepted;
+    SessionId session;  // empty until opened or attached
+  };
+
   SessionMonitor(RequestHandler* handler, std::string socket_path,
-                 absl::Duration lease, ScopedFd listener, ScopedFd epoll,
-                 ScopedFd wake);
+                 absl::Duration lease, ConnectionLimits limits,
+                 ScopedFd listener, ScopedFd epoll, ScopedFd wake);
   void Loop();
   void Accept();
+  // Accepts and refuses one connection when descriptors ran out.
+  void ShedOne();
   // Handles readable/closed connection `fd`; returns false to drop it.
   bool Serve(int fd);
+  // Replies to one record of connection `c`.
+  bool Handle(int fd, Connection& c, const SessionMessage& m,
+              const PeerCredentials& sender, ScopedFd passed);
   void Drop(int fd);
+  void DropLate();
 
   RequestHandler* const handler_;
   const std::string socket_path_;
-  const absl::Duration lease_;
+  const ConnectionLimits limits_;
   ScopedFd listener_;
   ScopedFd epoll_;
-  ScopedFd wake_;  // eventfd that stops the loop
-  // Connection fd -> attached session id (0 until attached). Loop thread only.
-  absl::flat_hash_map<int, uint64_t> connections_;
+  ScopedFd wake_;     // eventfd that stops the loop
+  ScopedFd reserve_;  // a spare descriptor given up to shed a connection
+  // Loop thread only.
+  absl::flat_hash_map<int, Connection> connections_;
+  absl::flat_hash_map<uid_t, uint32_t> per_uid_;
+  std::atomic<size_t> count_{0};
+  SessionReaper reaper_;
   std::thread thread_;
 };
 

@@ -1,50 +1,158 @@
 #include "server/session_registry.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "proto/contract/op_signal.h"
+#include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace hostkv {
 
+SessionId NewSessionId() {
+  SessionId id(kSessionIdBytes, '\0');
+  size_t got = 0;
+  while (got < id.size()) {
+    const ssize_t n = getrandom(id.data() + got, id.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // Without the kernel's randomness a session id would be guessable.
+      spdlog::critical("getrandom failed: cannot make session ids");
+      std::abort();
+    }
+    got += static_cast<size_t>(n);
+  }
+  return id;
+}
+
 SessionRegistry::SessionRegistry(std::string segment_prefix,
-                                 uint32_t signal_records)
+                                 uint32_t signal_records, SessionLimits limits,
+                                 MemoryBudget* budget)
     : segment_prefix_(std::move(segment_prefix)),
       signal_records_(signal_records),
-      rng_(std::random_device{}()) {}
+      limits_(limits),
+      budget_(budget) {}
+
+absl::Status SessionRegistry::CheckIdFormat(const SessionId& id) const {
+  if (id.size() != kSessionIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_id must be the ", kSessionIdBytes,
+        " bytes OpenSession returned, got ", id.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
-    const std::string& client_name, uint32_t pid) {
-  uint64_t id;
+    const std::string& client_name, uint32_t pid,
+    std::optional<PeerCredentials> peer) {
+  SessionId id = NewSessionId();
   OwnerTag tag;
   {
     absl::MutexLock lock(&mu_);
-    do {
-      id = rng_();
-    } while (id == 0 || sessions_.contains(id));
+    const size_t open = sessions_.size() + opening_;
+    if (open >= limits_.max_sessions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          open, " sessions are open, the most --max_sessions allows"));
+    }
+    if (peer.has_value()) {
+      uint32_t& count = attached_per_uid_[peer->uid];
+      if (count >= limits_.max_sessions_per_uid) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "uid ", peer->uid, " has ", count,
+            " sessions open, the most --max_sessions_per_uid allows"));
+      }
+      ++count;
+    } else {
+      if (unattached_ >= limits_.max_unattached_sessions) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            unattached_, " sessions without a session socket are open, the "
+            "most --max_unattached_sessions allows (clients on the daemon's "
+            "Unix socket open theirs over the session socket instead)"));
+      }
+      ++unattached_;
+    }
+    ++opening_;
+    while (sessions_.contains(id)) id = NewSessionId();
     if (++next_tag_ == kNoOwner) ++next_tag_;  // wraps after 2^32 sessions
     tag = next_tag_;
   }
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<SignalBoard> signals,
-      SignalBoard::Create(absl::StrFormat("%ssignals.%016x", segment_prefix_, id),
-                          signal_records_));
+  auto uncount = [&] {
+    absl::MutexLock lock(&mu_);
+    --opening_;
+    if (peer.has_value()) {
+      --attached_per_uid_[peer->uid];
+    } else {
+      --unattached_;
+    }
+  };
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t signal_bytes =
+      (uint64_t{signal_records_} * sizeof(OpSignal) + page - 1) / page * page;
+  BudgetReservation memory;
+  if (budget_ != nullptr) {
+    if (absl::Status s = budget_->Reserve(absl::StrCat("session ", tag, "'s signal records"),
+                                          signal_bytes);
+        !s.ok()) {
+      uncount();
+      return s;
+    }
+    memory = BudgetReservation(budget_, signal_bytes);
+  }
+  absl::StatusOr<std::shared_ptr<SignalBoard>> signals = SignalBoard::Create(
+      absl::StrCat(segment_prefix_, "signals.", tag), signal_records_);
+  if (!signals.ok()) {
+    uncount();
+    return signals.status();
+  }
   auto session = std::make_shared<Session>(id, tag, client_name, pid,
-                                           std::move(signals));
+                                           std::move(*signals), std::move(memory));
+  if (peer.has_value()) session->Attach(*peer).IgnoreError();  // fresh: cannot fail
   absl::MutexLock lock(&mu_);
+  --opening_;
   sessions_[id] = session;
   return session;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(
-    uint64_t id) const {
+absl::Status SessionRegistry::Attach(const SessionId& id,
+                                     const PeerCredentials& peer) {
+  RETURN_IF_ERROR(CheckIdFormat(id));
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no open session ", id, " (never opened, or closed)"));
+    return absl::NotFoundError("no open session with this id (never opened, or closed)");
+  }
+  Session& session = *it->second;
+  if (session.attached()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session.tag(), " already has an attached socket"));
+  }
+  uint32_t& count = attached_per_uid_[peer.uid];
+  if (count >= limits_.max_sessions_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", peer.uid, " has ", count,
+        " sessions open, the most --max_sessions_per_uid allows"));
+  }
+  RETURN_IF_ERROR(session.Attach(peer));
+  ++count;
+  --unattached_;
+  session.Touch();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(
+    const SessionId& id) const {
+  RETURN_IF_ERROR(CheckIdFormat(id));
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError("no open session with this id (never opened, or closed)");
   }
   it->second->Touch();
   return it->second;
@@ -71,15 +179,29 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::IdleSince(
   return idle;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Remove(uint64_t id) {
+void SessionRegistry::Uncount(const Session& session) {
+  const std::optional<PeerCredentials> peer = session.peer();
+  if (!peer.has_value()) {
+    --unattached_;
+    return;
+  }
+  auto it = attached_per_uid_.find(peer->uid);
+  if (it != attached_per_uid_.end() && --it->second == 0) {
+    attached_per_uid_.erase(it);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Remove(
+    const SessionId& id) {
+  RETURN_IF_ERROR(CheckIdFormat(id));
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no open session ", id, " (never opened, or closed)"));
+    return absl::NotFoundError("no open session with this id (never opened, or closed)");
   }
   std::shared_ptr<Session> session = std::move(it->second);
   sessions_.erase(it);
+  Uncount(*session);
   return session;
 }
 
@@ -90,8 +212,17 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
     for (const auto& [id, s] : sessions_) out.push_back(s);
   }
   std::sort(out.begin(), out.end(),
-            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+            [](const auto& a, const auto& b) { return a->tag() < b->tag(); });
   return out;
+}
+
+uint32_t SessionRegistry::ImportsOfUid(uint32_t uid) const {
+  uint32_t imports = 0;
+  for (const std::shared_ptr<Session>& session : List()) {
+    const std::optional<PeerCredentials> peer = session->peer();
+    if (peer.has_value() && peer->uid == uid) imports += session->import_count();
+  }
+  return imports;
 }
 
 }  // namespace hostkv

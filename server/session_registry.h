@@ -1,10 +1,10 @@
-// Open sessions by id.
+// Open sessions by their secret id, and the limits on how many there may be.
 #ifndef HOSTKV_SERVER_SESSION_REGISTRY_H_
 #define HOSTKV_SERVER_SESSION_REGISTRY_H_
 
 #include <cstdint>
 #include <memory>
-#include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,24 +12,49 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/memory_budget.h"
 #include "server/session.h"
 
 namespace hostkv {
 
-// Thread-safe. Session ids are random 64-bit numbers, so that one client
-// cannot guess another's.
+struct SessionLimits {
+  // Sessions open at once, all users together.
+  uint32_t max_sessions = 4096;
+  // Attached sessions of one uid.
+  uint32_t max_sessions_per_uid = 256;
+  // Sessions without a session socket (TCP, raw gRPC clients, and sessions
+  // between OpenSession and their attach): their user is unknown.
+  uint32_t max_unattached_sessions = 64;
+};
+
+// Thread-safe. Session ids are 16 bytes from getrandom(2): unguessable, and
+// never part of a name, log line, error message or stat.
 class SessionRegistry {
  public:
-  // Signal segments are named "<segment_prefix>signals.<id>".
-  SessionRegistry(std::string segment_prefix, uint32_t signal_records);
+  // Signal segments are named "<segment_prefix>signals.<session number>";
+  // their bytes are reserved from `budget` (may be null).
+  SessionRegistry(std::string segment_prefix, uint32_t signal_records,
+                  SessionLimits limits = {}, MemoryBudget* budget = nullptr);
 
-  absl::StatusOr<std::shared_ptr<Session>> Open(const std::string& client_name,
-                                                uint32_t pid)
+  // Opens a session; with `peer`, it is attached to that peer from the start
+  // (opened over the session socket). ResourceExhausted, naming the limit,
+  // when a limit is reached or the budget cannot hold its signal segment.
+  absl::StatusOr<std::shared_ptr<Session>> Open(
+      const std::string& client_name, uint32_t pid,
+      std::optional<PeerCredentials> peer = std::nullopt)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Returns NotFound for an unknown (or already closed) session. Counts as
-  // activity of the session (Session::Touch).
-  absl::StatusOr<std::shared_ptr<Session>> Get(uint64_t id) const
+  // Binds an open session to the peer of its session socket. NotFound for
+  // an unknown session, FailedPrecondition if attached already,
+  // ResourceExhausted if the peer's uid has --max_sessions_per_uid attached
+  // sessions.
+  absl::Status Attach(const SessionId& id, const PeerCredentials& peer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // InvalidArgument for an id that is not 16 bytes; NotFound for an unknown
+  // (or already closed) session. Counts as activity of the session
+  // (Session::Touch).
+  absl::StatusOr<std::shared_ptr<Session>> Get(const SessionId& id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The session with public number `number`; NotFound if none.
@@ -43,21 +68,38 @@ class SessionRegistry {
 
   // Removes the session from the registry and returns it (the caller
   // releases what it holds). NotFound if unknown.
-  absl::StatusOr<std::shared_ptr<Session>> Remove(uint64_t id)
+  absl::StatusOr<std::shared_ptr<Session>> Remove(const SessionId& id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // By session number.
   std::vector<std::shared_ptr<Session>> List() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Imports held by the attached sessions of `uid`.
+  uint32_t ImportsOfUid(uint32_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const SessionLimits& limits() const { return limits_; }
+
  private:
+  absl::Status CheckIdFormat(const SessionId& id) const;
+  // Gives back the count Open or Attach took for `session`.
+  void Uncount(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string segment_prefix_;
   const uint32_t signal_records_;
+  const SessionLimits limits_;
+  MemoryBudget* const budget_;
 
   mutable absl::Mutex mu_;
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   OwnerTag next_tag_ ABSL_GUARDED_BY(mu_) = kNoOwner;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_
+  absl::flat_hash_map<SessionId, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
+  uint32_t opening_ ABSL_GUARDED_BY(mu_) = 0;  // counted, not yet in sessions_
+  uint32_t unattached_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint32_t, uint32_t> attached_per_uid_ ABSL_GUARDED_BY(mu_);
 };
+
+// kSessionIdBytes random bytes from the kernel (getrandom).
+SessionId NewSessionId();
 
 }  // namespace hostkv
 

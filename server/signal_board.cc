@@ -1,5 +1,11 @@
 #include "server/signal_board.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +24,26 @@ absl::StatusOr<std::shared_ptr<SignalBoard>> SignalBoard::Create(
 
 SignalBoard::SignalBoard(ShmSegment segment, uint32_t records)
     : segment_(std::move(segment)), records_(records), busy_(records, false) {}
+
+std::string SignalBoard::name() const {
+  absl::MutexLock lock(&mu_);
+  return named_ ? segment_.name() : std::string();
+}
+
+absl::StatusOr<ScopedFd> SignalBoard::TakeReadOnlyFd() {
+  absl::MutexLock lock(&mu_);
+  if (!named_) {
+    return absl::FailedPreconditionError("the signal segment was handed out already");
+  }
+  ScopedFd fd(shm_open(segment_.name().c_str(), O_RDONLY | O_CLOEXEC, 0));
+  if (fd.get() < 0) {
+    return absl::InternalError(absl::StrCat("cannot reopen the signal segment: ",
+                                            std::strerror(errno)));
+  }
+  segment_.Unlink();
+  named_ = false;
+  return fd;
+}
 
 absl::StatusOr<uint32_t> SignalBoard::Claim(uint64_t op_id) {
   absl::MutexLock lock(&mu_);

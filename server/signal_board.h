@@ -24,8 +24,14 @@ class SignalBoard {
   static absl::StatusOr<std::shared_ptr<SignalBoard>> Create(
       const std::string& name, uint32_t records);
 
-  const std::string& name() const { return segment_.name(); }
+  // The segment's name; empty once RemoveName ran.
+  std::string name() const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t records() const { return records_; }
+
+  // A read-only descriptor of the segment (for the session socket), then
+  // the name is removed: from then on only holders of a descriptor can map
+  // it. FailedPrecondition if the name is gone already.
+  absl::StatusOr<ScopedFd> TakeReadOnlyFd() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Claims a free record for op_id and resets it (no layers done). Returns
   // ResourceExhausted when every record belongs to an operation in flight,
@@ -54,10 +60,11 @@ class SignalBoard {
     return reinterpret_cast<OpSignal*>(segment_.data())[index];
   }
 
-  const ShmSegment segment_;
+  ShmSegment segment_;  // mapping fixed after Create; the name under mu_
   const uint32_t records_;
 
   mutable absl::Mutex mu_;
+  bool named_ ABSL_GUARDED_BY(mu_) = true;
   std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);
   uint32_t next_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -99,23 +99,31 @@ absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name,
   if (!IsValidShmName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("bad shm name '", name, "'"));
   }
-  ScopedFd fd(shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0));
+  ScopedFd fd(shm_open(name.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0));
   if (fd.get() < 0) return ErrnoStatus(errno, "shm_open " + name);
+  return MapFd(fd.get(), name, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::MapFd(int fd, const std::string& label,
+                                             Access access) {
+  const bool writable = access == Access::kReadWrite;
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat " + name);
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat " + label);
   if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shm segment ", name, " is empty or not a regular file"));
+        absl::StrCat("shm segment ", label, " is empty or not a regular file"));
   }
   void* addr = mmap(nullptr, static_cast<size_t>(st.st_size),
                     writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
-                    fd.get(), 0);
-  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
+                    fd, 0);
+  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + label);
   ShmSegment segment;
-  segment.name_ = name;
+  segment.name_ = label;
   segment.data_ = static_cast<uint8_t*>(addr);
   segment.size_ = static_cast<uint64_t>(st.st_size);
   segment.owner_uid_ = st.st_uid;
+  segment.owner_gid_ = st.st_gid;
+  segment.mode_ = st.st_mode;
   return segment;
 }
 
@@ -128,6 +136,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     owner_uid_ = other.owner_uid_;
+    owner_gid_ = other.owner_gid_;
+    mode_ = other.mode_;
     unlink_ = std::exchange(other.unlink_, false);
   }
   return *this;
@@ -140,6 +150,11 @@ void ShmSegment::Reset() {
   if (unlink_) shm_unlink(name_.c_str());
   data_ = nullptr;
   size_ = 0;
+  unlink_ = false;
+}
+
+void ShmSegment::Unlink() {
+  if (unlink_) shm_unlink(name_.c_str());
   unlink_ = false;
 }
 

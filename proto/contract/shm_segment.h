@@ -51,6 +51,12 @@ class ShmSegment {
   static absl::StatusOr<ShmSegment> Open(const std::string& name,
                                          Access access = Access::kReadWrite);
 
+  // Maps the whole file behind descriptor `fd` (a memfd or a shm segment
+  // another process passed); `label` names it in errors and name(). Errors
+  // of Open. The descriptor may be closed afterwards.
+  static absl::StatusOr<ShmSegment> MapFd(int fd, const std::string& label,
+                                          Access access);
+
   // An empty segment that maps nothing.
   ShmSegment() = default;
   ShmSegment(ShmSegment&& other) noexcept;
@@ -61,10 +67,16 @@ class ShmSegment {
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   uid_t owner_uid() const { return owner_uid_; }
+  gid_t owner_gid() const { return owner_gid_; }
+  mode_t mode() const { return mode_; }  // st_mode when opened
 
   // Touches every OS page with `threads` threads so that later copies do not
   // fault.
   void Prefault(unsigned threads);
+
+  // Removes the segment's name now (a segment this process created); the
+  // mapping and descriptors opened before stay valid.
+  void Unlink();
 
  private:
   void Reset();
@@ -73,6 +85,8 @@ class ShmSegment {
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   uid_t owner_uid_ = 0;
+  gid_t owner_gid_ = 0;
+  mode_t mode_ = 0;
   bool unlink_ = false;
 };
 

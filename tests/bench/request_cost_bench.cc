@@ -36,7 +36,7 @@ Runs MakeRuns(uint64_t n) {
 
 // As Client::Transfer fills it.
 void Fill(const Runs& runs, v1::TransferRequest* request) {
-  request->set_session_id(0x1234567890abcdefull);
+  request->set_session_id(std::string(16, '\x5a'));
   request->set_pool("ctl");
   request->set_import_id(1);
   request->mutable_host_pages()->Reserve(static_cast<int>(runs.host.size()));

@@ -227,16 +227,17 @@ class GpuRoutingTest : public ::testing::Test {
     spec.set_page_size(4);
     spec.set_layout(v1::LAYOUT_PAGE_FIRST);
     spec.set_capacity_tokens(60);
+    request.set_session_id(OpenSession());  // unattached, as the CUDA tests
     ASSERT_OK(handler_.CreatePool(request));
   }
 
-  uint64_t OpenSession() {
+  SessionId OpenSession() {
     auto r = handler_.OpenSession(v1::OpenSessionRequest());
     EXPECT_OK(r);
-    return r.ok() ? r->session_id() : 0;
+    return r.ok() ? r->session_id() : SessionId();
   }
 
-  v1::RegisterDeviceBuffersRequest CudaRegistration(uint64_t session) {
+  v1::RegisterDeviceBuffersRequest CudaRegistration(const SessionId& session) {
     v1::RegisterDeviceBuffersRequest r;
     r.set_session_id(session);
     r.set_pool("p");
@@ -251,13 +252,13 @@ class GpuRoutingTest : public ::testing::Test {
     return r;
   }
 
-  uint64_t Register(uint64_t session) {
+  uint64_t Register(const SessionId& session) {
     auto r = handler_.RegisterDeviceBuffers(CudaRegistration(session));
     EXPECT_OK(r);
     return r.ok() ? r->import_id() : 0;
   }
 
-  v1::TransferRequest Transfer(uint64_t session, uint64_t import,
+  v1::TransferRequest Transfer(const SessionId& session, uint64_t import,
                                uint64_t first_page) {
     v1::TransferRequest r;
     r.set_session_id(session);
@@ -272,7 +273,7 @@ class GpuRoutingTest : public ::testing::Test {
     return r;
   }
 
-  void Alloc(uint64_t session, uint64_t tokens) {
+  void Alloc(const SessionId& session, uint64_t tokens) {
     v1::AllocRequest r;
     r.set_session_id(session);
     r.set_pool("p");
@@ -292,10 +293,10 @@ class GpuRoutingTest : public ::testing::Test {
   // A pinned pool "p", a session with a CUDA import, and a backup of page
   // 0 held by the backend, waiting for a "KV written" mark the engine never
   // makes. Returns the session and the import.
-  std::pair<uint64_t, uint64_t> SubmitBlockedBackup() {
+  std::pair<SessionId, uint64_t> SubmitBlockedBackup() {
     CreatePool("p");
     gpu_.pinning(0)->Finish(true);
-    const uint64_t s = OpenSession();
+    const SessionId s = OpenSession();
     const uint64_t import = Register(s);
     Alloc(s, 8);
     auto backup = Transfer(s, import, 0);
@@ -328,7 +329,7 @@ TEST_F(GpuRoutingTest, PinningGatesHealthAndCudaTransfers) {
   EXPECT_EQ(v1::PIN_PINNING, stats->pools(0).pin_state());
   EXPECT_EQ(40u, stats->pools(0).pinned_bytes());
 
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   const uint64_t import = Register(s);  // allowed while pinning
   Alloc(s, 8);
   auto early = handler_.Load(Transfer(s, import, 0));
@@ -351,7 +352,7 @@ TEST_F(GpuRoutingTest, FailedPinningLeavesThePoolNotServingAndSaysWhy) {
   CreatePool("p");
   gpu_.pinning(0)->Finish(/*ok=*/false);
   EXPECT_FALSE(Serving("p"));
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   const uint64_t import = Register(s);
   Alloc(s, 8);
   auto r = handler_.Load(Transfer(s, import, 0));
@@ -363,7 +364,7 @@ TEST_F(GpuRoutingTest, FailedPinningLeavesThePoolNotServingAndSaysWhy) {
 TEST_F(GpuRoutingTest, SignalValuesFollowSubmissionOrder) {
   CreatePool("p");
   gpu_.pinning(0)->Finish(true);
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   const uint64_t import = Register(s);
   Alloc(s, 16);
   std::vector<uint64_t> values;
@@ -390,7 +391,7 @@ TEST_F(GpuRoutingTest, SignalValuesFollowSubmissionOrder) {
 TEST_F(GpuRoutingTest, KvWrittenWaitsReachTheBackendOnlyForBackups) {
   CreatePool("p");
   gpu_.pinning(0)->Finish(true);
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   const uint64_t import = Register(s);
   Alloc(s, 8);
   auto backup = Transfer(s, import, 0);

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "proto/contract/op_signal.h"
 #include "proto/contract/shm_segment.h"
+#include "server/pool_access.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {
@@ -40,10 +41,10 @@ class RequestHandlerTest : public ::testing::Test {
 
   // Opens a session and attaches it as this process (as the session socket
   // would); `attach` false leaves it unattached.
-  uint64_t OpenSession(bool attach = true) {
+  SessionId OpenSession(bool attach = true) {
     auto r = handler_.OpenSession(v1::OpenSessionRequest());
     EXPECT_OK(r);
-    if (!r.ok()) return 0;
+    if (!r.ok()) return SessionId();
     numbers_[r->session_id()] = r->session_number();
     if (attach) {
       EXPECT_OK(handler_.AttachSession(
@@ -67,13 +68,19 @@ class RequestHandlerTest : public ::testing::Test {
     return spec;
   }
 
+  // Creates pool `name` as this process's uid, through a session that
+  // closes again.
   void CreatePool(const std::string& name) {
     v1::CreatePoolRequest request;
     *request.mutable_spec() = Spec(name);
+    request.set_session_id(OpenSession());
     ASSERT_OK(handler_.CreatePool(request));
+    v1::CloseSessionRequest close;
+    close.set_session_id(request.session_id());
+    ASSERT_OK(handler_.CloseSession(close));
   }
 
-  v1::AllocResponse Alloc(uint64_t session, uint64_t tokens,
+  v1::AllocResponse Alloc(const SessionId& session, uint64_t tokens,
                           const std::string& pool = "p") {
     v1::AllocRequest request;
     request.set_session_id(session);
@@ -84,7 +91,7 @@ class RequestHandlerTest : public ::testing::Test {
     return r.ok() ? *r : v1::AllocResponse();
   }
 
-  absl::StatusOr<v1::FreeResponse> Free(uint64_t session, uint64_t first,
+  absl::StatusOr<v1::FreeResponse> Free(const SessionId& session, uint64_t first,
                                         uint64_t count) {
     v1::FreeRequest request;
     request.set_session_id(session);
@@ -96,7 +103,7 @@ class RequestHandlerTest : public ::testing::Test {
   }
 
   // One device segment holding K and V of every layer, kDeviceSlots rows.
-  v1::RegisterDeviceBuffersRequest Registration(uint64_t session,
+  v1::RegisterDeviceBuffersRequest Registration(const SessionId& session,
                                                 const std::string& pool = "p") {
     if (device_.data() == nullptr) {
       device_ = *ShmSegment::Create(
@@ -117,13 +124,13 @@ class RequestHandlerTest : public ::testing::Test {
     return request;
   }
 
-  uint64_t Register(uint64_t session, const std::string& pool = "p") {
+  uint64_t Register(const SessionId& session, const std::string& pool = "p") {
     auto r = handler_.RegisterDeviceBuffers(Registration(session, pool));
     EXPECT_OK(r);
     return r.ok() ? r->import_id() : 0;
   }
 
-  v1::TransferRequest Transfer(uint64_t session, uint64_t import,
+  v1::TransferRequest Transfer(const SessionId& session, uint64_t import,
                                uint64_t first_page, uint64_t pages,
                                uint64_t first_slot, uint64_t slots) {
     v1::TransferRequest request;
@@ -149,12 +156,12 @@ class RequestHandlerTest : public ::testing::Test {
   TransferEngine transfers_;
   RequestHandler handler_;
   ShmSegment device_;
-  std::map<uint64_t, uint32_t> numbers_;  // session id -> public number
+  std::map<SessionId, uint32_t> numbers_;  // session id -> public number
   static inline int counter_ = 0;
 };
 
 TEST_F(RequestHandlerTest, UnknownNamesAreNotFound) {
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   v1::AllocRequest alloc;
   alloc.set_session_id(s);
   alloc.set_pool("nope");
@@ -168,7 +175,13 @@ TEST_F(RequestHandlerTest, UnknownNamesAreNotFound) {
   EXPECT_ERROR(NotFound, handler_.GetPoolStats(stats));
   CreatePool("p");
   alloc.set_pool("p");
-  alloc.set_session_id(s + 1);
+  SessionId unknown = s;
+  unknown[0] = static_cast<char>(unknown[0] ^ 1);
+  alloc.set_session_id(unknown);
+  EXPECT_ERROR(NotFound, handler_.Alloc(alloc));
+  alloc.set_session_id("short");
+  EXPECT_ERROR(InvalidArgument, handler_.Alloc(alloc));
+  alloc.set_session_id(unknown);
   EXPECT_ERROR(NotFound, handler_.Alloc(alloc));
   v1::UnregisterDeviceBuffersRequest unreg;
   unreg.set_session_id(s);
@@ -180,6 +193,7 @@ TEST_F(RequestHandlerTest, CreatePoolTwice) {
   CreatePool("p");
   v1::CreatePoolRequest request;
   *request.mutable_spec() = Spec("p");
+  request.set_session_id(OpenSession());
   EXPECT_ERROR(AlreadyExists, handler_.CreatePool(request));
   request.set_attach_if_exists(true);
   EXPECT_OK(handler_.CreatePool(request));
@@ -190,14 +204,16 @@ TEST_F(RequestHandlerTest, CreatePoolTwice) {
 TEST_F(RequestHandlerTest, PoolOverBudgetIsRefusedAndNotCreated) {
   MemoryBudget small(1000, 0, [] { return uint64_t{1} << 40; });
   PoolRegistry pools(&small, Prefix() + "small.", 1);
-  EXPECT_ERROR(ResourceExhausted, pools.Create(Spec("big"), false));
+  EXPECT_ERROR(ResourceExhausted,
+               pools.Create(Spec("big"), false,
+                            OwnerFor(Principal{}, v1::POOL_ACCESS_OWNER), Principal{}));
   EXPECT_TRUE(pools.List().empty());
   EXPECT_EQ(0u, small.reserved_bytes());
 }
 
 TEST_F(RequestHandlerTest, AllocNeedsWholePages) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   v1::AllocRequest request;
   request.set_session_id(s);
   request.set_pool("p");
@@ -214,8 +230,8 @@ TEST_F(RequestHandlerTest, AllocNeedsWholePages) {
 
 TEST_F(RequestHandlerTest, FreeChecksOwnership) {
   CreatePool("p");
-  const uint64_t alice = OpenSession();
-  const uint64_t bob = OpenSession();
+  const SessionId alice = OpenSession();
+  const SessionId bob = OpenSession();
   Alloc(alice, 8);  // pages 0, 1
   Alloc(bob, 8);    // pages 2, 3
   EXPECT_ERROR(FailedPrecondition, Free(alice, 2, 1));
@@ -235,7 +251,7 @@ TEST_F(RequestHandlerTest, FreeChecksOwnership) {
 
 TEST_F(RequestHandlerTest, RegistrationValidatesHandles) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   auto request = Registration(s);
   request.mutable_k_buffers(1)->set_cuda_ipc_handle(std::string(63, 'x'));
   EXPECT_ERROR(InvalidArgument, handler_.RegisterDeviceBuffers(request));
@@ -314,8 +330,9 @@ TEST_F(RequestHandlerTest, BufferSizeProductCannotOverflow) {
   spec.set_page_size(1);
   spec.set_layout(v1::LAYOUT_LAYER_FIRST);
   spec.set_capacity_tokens(1);
+  create.set_session_id(OpenSession());
   ASSERT_OK(handler_.CreatePool(create));
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   v1::RegisterDeviceBuffersRequest request = Registration(s);
   request.set_pool("wide");
   request.set_token_slots(1ull << 40);
@@ -329,8 +346,8 @@ TEST_F(RequestHandlerTest, BufferSizeProductCannotOverflow) {
 TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
   CreatePool("p");
   CreatePool("q");
-  const uint64_t s = OpenSession();
-  const uint64_t other = OpenSession();
+  const SessionId s = OpenSession();
+  const SessionId other = OpenSession();
   const uint64_t import = Register(s);
   const uint64_t q_import = Register(s, "q");
   Alloc(s, 8);      // pages 0, 1
@@ -374,7 +391,7 @@ TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
 
 TEST_F(RequestHandlerTest, TransferRunsMayComeAsFlatPairs) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   const uint64_t import = Register(s);
   Alloc(s, 8);  // pages 0, 1
   v1::TransferRequest request;
@@ -411,7 +428,7 @@ TEST_F(RequestHandlerTest, TransferRunsMayComeAsFlatPairs) {
 
 TEST_F(RequestHandlerTest, LoadCopiesOnlyTheRequestedLayers) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   const uint64_t import = Register(s);
   Alloc(s, 8);
   for (uint32_t kv = 0; kv < 2; ++kv)
@@ -456,11 +473,12 @@ TEST_F(RequestHandlerTest, UnregisterWaitsForTheImportsCopies) {
   mha->set_num_kv_heads(kBigHeads);
   mha->set_head_dim(kBigHeadDim);
   create.mutable_spec()->set_capacity_tokens(kBigSlots);
+  create.set_session_id(OpenSession());
   ASSERT_OK(handler_.CreatePool(create));
   ShmSegment device = *ShmSegment::Create(
       absl::StrCat("/hostkv-test-big.", getpid()),
       2 * kLayers * kBigSlots * kBigStride, 0600);
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   v1::RegisterDeviceBuffersRequest registration;
   registration.set_session_id(s);
   registration.set_pool("big");
@@ -494,7 +512,7 @@ TEST_F(RequestHandlerTest, UnregisterWaitsForTheImportsCopies) {
 
 TEST_F(RequestHandlerTest, PageIoChecksSizes) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   Alloc(s, 16 * kPageSize);
   const uint64_t page_bytes = 2 * kLayers * kPageSize * kStride;  // 768
   v1::WritePagesRequest write;
@@ -524,11 +542,12 @@ TEST_F(RequestHandlerTest, PageIoChecksSizes) {
 
 TEST_F(RequestHandlerTest, CloseSessionReleasesEverything) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   Register(s);
   Alloc(s, 12);
   v1::DeletePoolRequest del;
   del.set_name("p");
+  del.set_session_id(s);
   EXPECT_ERROR(FailedPrecondition, handler_.DeletePool(del));
   v1::CloseSessionRequest close;
   close.set_session_id(s);
@@ -537,15 +556,20 @@ TEST_F(RequestHandlerTest, CloseSessionReleasesEverything) {
   EXPECT_EQ(3u, closed->pages_freed());
   EXPECT_EQ(1u, closed->imports_closed());
   EXPECT_ERROR(NotFound, handler_.CloseSession(close));
+  EXPECT_ERROR(NotFound, handler_.DeletePool(del));  // the session is gone
+  del.set_session_id(OpenSession());
   EXPECT_OK(handler_.DeletePool(del));
   EXPECT_ERROR(NotFound, handler_.DeletePool(del));
+  v1::CloseSessionRequest last;
+  last.set_session_id(del.session_id());
+  ASSERT_OK(handler_.CloseSession(last));
   EXPECT_EQ(0u, budget_.reserved_bytes());
 }
 
 TEST_F(RequestHandlerTest, StatsShowUsagePerSession) {
   CreatePool("p");
-  const uint64_t a = OpenSession();
-  const uint64_t b = OpenSession();
+  const SessionId a = OpenSession();
+  const SessionId b = OpenSession();
   Alloc(a, 8);
   Alloc(b, 20);
   Register(b);
@@ -580,13 +604,17 @@ TEST_F(RequestHandlerTest, StatsShowUsagePerSession) {
 }
 
 TEST_F(RequestHandlerTest, UnattachedSessionCannotRegisterShmNames) {
-  CreatePool("p");
-  const uint64_t s = OpenSession(/*attach=*/false);
-  EXPECT_ERROR(FailedPrecondition, handler_.RegisterDeviceBuffers(Registration(s)));
+  const SessionId s = OpenSession(/*attach=*/false);
+  v1::CreatePoolRequest create;  // the unverified session's own pool
+  *create.mutable_spec() = Spec("u");
+  create.set_session_id(s);
+  ASSERT_OK(handler_.CreatePool(create));
+  EXPECT_ERROR(FailedPrecondition,
+               handler_.RegisterDeviceBuffers(Registration(s, "u")));
   RequestLimits trusting{1 << 16, Prefix()};
   trusting.allow_unverified_shm_names = true;
   RequestHandler handler(trusting, &budget_, &pools_, &sessions_, &transfers_);
-  EXPECT_OK(handler.RegisterDeviceBuffers(Registration(s)));
+  EXPECT_OK(handler.RegisterDeviceBuffers(Registration(s, "u")));
 }
 
 TEST_F(RequestHandlerTest, SegmentsOfAnotherUserAreRefused) {
@@ -597,16 +625,25 @@ TEST_F(RequestHandlerTest, SegmentsOfAnotherUserAreRefused) {
   const uint32_t other_uid = getuid() + 4242;
   ASSERT_OK(handler_.AttachSession(r->session_id(),
                                    PeerCredentials{1, other_uid, other_uid}));
-  EXPECT_ERROR(PermissionDenied,
-               handler_.RegisterDeviceBuffers(Registration(r->session_id())));
+  v1::CreatePoolRequest create;  // a pool the other user may use
+  *create.mutable_spec() = Spec("o");
+  create.set_session_id(r->session_id());
+  ASSERT_OK(handler_.CreatePool(create));
+  auto refused = handler_.RegisterDeviceBuffers(Registration(r->session_id(), "o"));
+  EXPECT_ERROR(PermissionDenied, refused);
+  EXPECT_NE(std::string::npos, refused.status().message().find("belongs to uid"))
+      << refused.status();
   EXPECT_ERROR(FailedPrecondition,
                handler_.AttachSession(r->session_id(), PeerCredentials{}));
 }
 
 TEST_F(RequestHandlerTest, IdleUnattachedSessionsExpire) {
-  CreatePool("p");
-  const uint64_t idle = OpenSession(/*attach=*/false);
-  const uint64_t attached = OpenSession();
+  const SessionId idle = OpenSession(/*attach=*/false);
+  v1::CreatePoolRequest create;  // usable by unverified sessions (and root)
+  *create.mutable_spec() = Spec("p");
+  create.set_session_id(idle);
+  ASSERT_OK(handler_.CreatePool(create));
+  const SessionId attached = OpenSession();
   Alloc(idle, 8);
   Alloc(attached, 8);
   handler_.ExpireIdleSessions(absl::Hours(1));  // nobody is that idle
@@ -623,8 +660,8 @@ TEST_F(RequestHandlerTest, IdleUnattachedSessionsExpire) {
 
 TEST_F(RequestHandlerTest, HandOverMovesOwnership) {
   CreatePool("p");
-  const uint64_t old_engine = OpenSession();
-  const uint64_t new_engine = OpenSession();
+  const SessionId old_engine = OpenSession();
+  const SessionId new_engine = OpenSession();
   Alloc(old_engine, 12);  // pages 0..2
   v1::HandOverPagesRequest request;
   request.set_session_id(old_engine);
@@ -664,7 +701,7 @@ TEST_F(RequestHandlerTest, PageBufferMetaChecksRange) {
 
 TEST_F(RequestHandlerTest, ShutdownRefusesNewWork) {
   CreatePool("p");
-  const uint64_t s = OpenSession();
+  const SessionId s = OpenSession();
   handler_.BeginShutdown();
   v1::AllocRequest request;
   request.set_session_id(s);

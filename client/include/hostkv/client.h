@@ -71,10 +71,11 @@ struct ConnectOptions {
 class Client {
  public:
   // Connects to `target` ("unix:PATH" or "HOST:PORT") and opens a session
-  // named `client_name`. On a Unix socket the session socket is attached, so
-  // the session ends by itself if this process dies; over TCP a background
-  // thread renews the session's lease. Returns Unavailable if the daemon
-  // cannot be reached.
+  // named `client_name`. On a Unix socket the session is opened over the
+  // session socket: it is bound to this process's uid, and ends by itself
+  // if this process dies; over TCP a background thread renews the
+  // session's lease. Returns Unavailable if the daemon cannot be reached,
+  // ResourceExhausted at one of the daemon's per-user limits.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& target, const std::string& client_name,
       const ConnectOptions& options = {});
@@ -83,7 +84,8 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  uint64_t session_id() const;
+  // The session's 16-byte secret. Keep it in this process.
+  const std::string& session_id() const;
   // The session's public number (stats, HandOverPages).
   uint32_t session_number() const;
 
@@ -107,6 +109,14 @@ class Client {
       const std::vector<v1::DeviceBuffer>& v,
       const v1::DeviceBuffer* gpu_signals = nullptr);
   absl::Status UnregisterDeviceBuffers(uint64_t import_id);
+
+  // Hands the daemon `fd`, a memfd sealed against shrinking
+  // (ShmDeviceBuffer::CreateSealed makes one), over the session socket;
+  // returns the handle that DeviceBuffer.passed_fd names it by. The safe
+  // form of shared-memory device buffers: no name anyone could open, and
+  // no truncation under the daemon's copies. Unix targets only
+  // (FailedPrecondition over TCP); InvalidArgument for an unsealed fd.
+  absl::StatusOr<uint64_t> PassDescriptor(int fd);
 
   // Allocates num_tokens host slots (a multiple of the page size).
   absl::StatusOr<std::vector<PageRange>> Alloc(const std::string& pool,

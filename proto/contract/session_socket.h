@@ -1,0 +1,88 @@
+// The session socket's wire format (see "Session socket" in hostkv.proto),
+// shared by hostkvd and the client library: fixed-size SOCK_SEQPACKET
+// records, with file descriptors (SCM_RIGHTS) and, towards the daemon, the
+// sender's credentials (SCM_CREDENTIALS) as ancillary data.
+//
+//   client -> daemon: SessionMessage {kOpen}    daemon: SessionReply + signal fd
+//   client -> daemon: SessionMessage {kAttach}  daemon: SessionReply + signal fd
+//   client -> daemon: SessionMessage {kPassFd} + one memfd
+//                                               daemon: SessionReply {value}
+// One session per connection; it ends when the connection closes.
+#ifndef HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
+#define HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "proto/contract/shm_segment.h"
+
+namespace hostkv {
+
+inline constexpr uint32_t kSessionMagic = 0x32564b48;  // "HKV2"
+inline constexpr uint32_t kSessionProtocolVersion = 2;
+inline constexpr char kSessionSocketSuffix[] = ".session";
+// Session ids are 16 random bytes.
+inline constexpr size_t kSessionIdBytes = 16;
+
+enum class SessionMessageKind : uint32_t {
+  // Opens a session bound to the sender (its uid, gid and pid).
+  kOpen = 1,
+  // Attaches the session `session_id` (opened with the OpenSession RPC).
+  kAttach = 2,
+  // Hands the daemon one memfd (SCM_RIGHTS) of device buffers, sealed with
+  // F_SEAL_SHRINK; the reply's `value` is the handle RegisterDeviceBuffers
+  // names it by (DeviceBuffer.passed_fd). Needs an attached session.
+  kPassFd = 3,
+};
+
+struct SessionMessage {
+  uint32_t magic;    // kSessionMagic
+  uint32_t version;  // kSessionProtocolVersion
+  uint32_t kind;     // SessionMessageKind
+  uint32_t pid;      // kOpen: informational (the kernel's word is used)
+  uint8_t session_id[kSessionIdBytes];  // kAttach
+  char client_name[224];                // kOpen, NUL-terminated
+};
+
+struct SessionReply {
+  uint32_t code;  // absl::StatusCode; 0 = done
+  uint32_t kind;  // the request's kind
+  uint64_t value;  // kPassFd: the handle
+  uint8_t session_id[kSessionIdBytes];  // kOpen
+  uint32_t session_number;              // kOpen, kAttach
+  uint32_t signal_slots;                // kOpen, kAttach (segment as an fd)
+  uint32_t lease_seconds;               // kOpen
+  uint32_t reserved;
+  char message[208];  // the error, NUL-terminated
+};
+
+static_assert(sizeof(SessionMessage) == 256, "wire format");
+static_assert(sizeof(SessionReply) == 256, "wire format");
+
+// What arrived with a record.
+struct ReceivedRecord {
+  ssize_t bytes = 0;  // recvmsg's result; 0 = closed, < 0 = error (errno)
+  bool truncated = false;  // the record or its ancillary data was cut
+  ScopedFd fd;        // the first descriptor passed, if any (others closed)
+  int fds = 0;        // how many descriptors came
+  bool has_credentials = false;  // SCM_CREDENTIALS (needs SO_PASSCRED)
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// Receives one record of at most `size` bytes into `data`; never blocks when
+// `dont_wait`. Every descriptor beyond the first is closed.
+ReceivedRecord ReceiveRecord(int socket, void* data, size_t size,
+                             bool dont_wait);
+
+// Sends one record, with `pass_fd` (if >= 0) as SCM_RIGHTS. Returns false
+// (errno set) if it could not be sent whole.
+bool SendRecord(int socket, const void* data, size_t size, int pass_fd = -1);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
