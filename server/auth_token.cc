@@ -38,8 +38,14 @@ bool TokenAuthorizer::Allows(const grpc::ServerContext& context) const {
 
 grpc::Status TokenAuthorizer::Check(const grpc::ServerContext& context) const {
   if (Allows(context)) return grpc::Status::OK;
-  spdlog::warn("refused a call from {}: missing or wrong token",
-               context.peer());
+  spdlog::debug("refused a call from {}: missing or wrong token",
+                context.peer());
+  if (uint64_t held_back = 0; warnings_.Allow(&held_back)) {
+    spdlog::warn(
+        "refused a call from {}: missing or wrong token ({} more "
+        "refused calls not logged)",
+        context.peer(), held_back);
+  }
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       "this daemon requires 'authorization: Bearer <token>'");
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "server/logging.h"
 
 namespace hostkv {
 
@@ -19,7 +20,7 @@ namespace hostkv {
 bool ConstantTimeEquals(absl::string_view presented,
                         absl::string_view expected);
 
-// Holds the expected token; immutable, so thread-safe.
+// Holds the expected token. Thread-safe.
 class TokenAuthorizer {
  public:
   // An empty `token` allows every call.
@@ -33,12 +34,13 @@ class TokenAuthorizer {
   // Matches() on the call's first "authorization" metadata; false when a
   // token is required and the call carries none.
   bool Allows(const grpc::ServerContext& context) const;
-  // OK if Allows(context); else UNAUTHENTICATED (and a warning naming the
-  // peer is logged).
+  // OK if Allows(context); else UNAUTHENTICATED, and a warning naming the
+  // peer (at most one per 10 s; every refusal at debug level).
   grpc::Status Check(const grpc::ServerContext& context) const;
 
  private:
   const std::string expected_;  // "Bearer <token>", or empty
+  mutable WarningThrottle warnings_{absl::Seconds(10)};
 };
 
 }  // namespace hostkv

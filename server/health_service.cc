@@ -72,8 +72,11 @@ grpc::Status HealthService::Watch(
     grpc::ServerWriter<HealthCheckResponse>* writer) {
   if (grpc::Status auth = authorizer_.Check(*context); !auth.ok()) return auth;
   if (!BeginWatch()) {
-    spdlog::warn("refused a health Watch from {}: {} streams already run",
-                 context->peer(), max_watches_);
+    if (uint64_t held_back = 0; watch_warnings_.Allow(&held_back)) {
+      spdlog::warn("refused a health Watch from {}: {} streams already run "
+                   "(--max_health_watches; {} more refused not logged)",
+                   context->peer(), max_watches_, held_back);
+    }
     return grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("too many health Watch streams (--max_health_watches=",

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/auth_token.h"
+#include "server/logging.h"
 
 namespace hostkv {
 
@@ -66,6 +67,7 @@ class HealthService final : public grpc::health::v1::Health::Service {
   const TokenAuthorizer authorizer_;
   const bool probe_without_token_;
   const int max_watches_;
+  WarningThrottle watch_warnings_{absl::Seconds(10)};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, bool> serving_ ABSL_GUARDED_BY(mu_);
