@@ -26,26 +26,13 @@ grpc::Status Respond(const char* method, grpc::ServerContext* context,
 
 }  // namespace
 
-grpc::Status GrpcService::Authorize(const grpc::ServerContext& context) const {
-  if (auth_token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it != metadata.end() &&
-      std::string(it->second.data(), it->second.size()) ==
-          "Bearer " + auth_token_) {
-    return grpc::Status::OK;
-  }
-  spdlog::warn("refused a call from {}: missing or wrong token",
-               context.peer());
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      "this daemon requires 'authorization: Bearer <token>'");
-}
-
 #define HOSTKV_DEFINE_RPC(Method, Request, Response)                       \
   grpc::Status GrpcService::Method(grpc::ServerContext* context,           \
                                    const v1::Request* request,             \
                                    v1::Response* response) {               \
-    if (grpc::Status auth = Authorize(*context); !auth.ok()) return auth;  \
+    if (grpc::Status auth = authorizer_.Check(*context); !auth.ok()) {     \
+      return auth;                                                         \
+    }                                                                      \
     return Respond(#Method, context, metrics_, handler_->Method(*request), \
                    response);                                              \
   }

@@ -4,9 +4,9 @@
 #define HOSTKV_SERVER_GRPC_SERVICE_H_
 
 #include <string>
-#include <utility>
 
 #include "hostkv/v1/hostkv.grpc.pb.h"
+#include "server/auth_token.h"
 #include "server/daemon_metrics.h"
 #include "server/request_handler.h"
 
@@ -40,11 +40,9 @@ class GrpcService final : public v1::HostKV::Service {
   // With a non-empty `auth_token`, every call must carry the metadata
   // "authorization: Bearer <auth_token>" (else UNAUTHENTICATED).
   // `metrics` may be null.
-  GrpcService(RequestHandler* handler, std::string auth_token,
+  GrpcService(RequestHandler* handler, const std::string& auth_token,
               DaemonMetrics* metrics)
-      : handler_(handler),
-        auth_token_(std::move(auth_token)),
-        metrics_(metrics) {}
+      : handler_(handler), authorizer_(auth_token), metrics_(metrics) {}
 
 #define HOSTKV_DECLARE_RPC(Method, Request, Response)                 \
   grpc::Status Method(grpc::ServerContext* context,                    \
@@ -54,11 +52,8 @@ class GrpcService final : public v1::HostKV::Service {
 #undef HOSTKV_DECLARE_RPC
 
  private:
-  // OK, or UNAUTHENTICATED if a token is required and not presented.
-  grpc::Status Authorize(const grpc::ServerContext& context) const;
-
   RequestHandler* const handler_;
-  const std::string auth_token_;
+  const TokenAuthorizer authorizer_;
   DaemonMetrics* const metrics_;
 };
 

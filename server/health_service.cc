@@ -1,10 +1,17 @@
 #include "server/health_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "spdlog/spdlog.h"
 
 namespace hostkv {
 
 using grpc::health::v1::HealthCheckResponse;
+
+HealthService::HealthService(const HealthOptions& options)
+    : authorizer_(options.auth_token),
+      probe_without_token_(options.probe_without_token),
+      max_watches_(options.max_watches) {}
 
 void HealthService::SetServing(const std::string& service, bool serving) {
   absl::MutexLock lock(&mu_);
@@ -28,8 +35,16 @@ HealthService::Status HealthService::Lookup(const std::string& service) const {
 }
 
 grpc::Status HealthService::Check(
-    grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
+    grpc::ServerContext* context,
+    const grpc::health::v1::HealthCheckRequest* request,
     HealthCheckResponse* response) {
+  // Only the whole server's status may go to a probe without the token: a
+  // pool's SERVING vs NOT_FOUND would tell its name.
+  const bool probe = probe_without_token_ && request->service().empty();
+  if (!probe) {
+    grpc::Status auth = authorizer_.Check(*context);
+    if (!auth.ok()) return auth;
+  }
   absl::MutexLock lock(&mu_);
   const Status status = Lookup(request->service());
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
@@ -39,9 +54,41 @@ grpc::Status HealthService::Check(
   return grpc::Status::OK;
 }
 
+bool HealthService::BeginWatch() {
+  absl::MutexLock lock(&mu_);
+  if (watches_ >= max_watches_) return false;
+  ++watches_;
+  return true;
+}
+
+void HealthService::EndWatch() {
+  absl::MutexLock lock(&mu_);
+  --watches_;
+}
+
 grpc::Status HealthService::Watch(
     grpc::ServerContext* context,
     const grpc::health::v1::HealthCheckRequest* request,
+    grpc::ServerWriter<HealthCheckResponse>* writer) {
+  if (grpc::Status auth = authorizer_.Check(*context); !auth.ok()) return auth;
+  if (!BeginWatch()) {
+    if (uint64_t held_back = 0; watch_warnings_.Allow(&held_back)) {
+      spdlog::warn("refused a health Watch from {}: {} streams already run "
+                   "(--max_health_watches; {} more refused not logged)",
+                   context->peer(), max_watches_, held_back);
+    }
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("too many health Watch streams (--max_health_watches=",
+                     max_watches_, "); use Check, or retry later"));
+  }
+  grpc::Status status = StreamChanges(context, request->service(), writer);
+  EndWatch();
+  return status;
+}
+
+grpc::Status HealthService::StreamChanges(
+    grpc::ServerContext* context, const std::string& service,
     grpc::ServerWriter<HealthCheckResponse>* writer) {
   uint64_t seen = UINT64_MAX;
   Status last = HealthCheckResponse::UNKNOWN;
@@ -56,7 +103,7 @@ grpc::Status HealthService::Watch(
       // Wake up now and then to notice a cancelled watch.
       mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Seconds(1));
       seen = generation_;
-      status = Lookup(request->service());
+      status = Lookup(service);
       shut_down = shut_down_;
     }
     if (status != last) {

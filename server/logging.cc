@@ -26,6 +26,19 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
 
 }  // namespace
 
+bool WarningThrottle::Allow(uint64_t* held_back) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (now < next_) {
+    ++held_back_;
+    return false;
+  }
+  next_ = now + period_;
+  *held_back = held_back_;
+  held_back_ = 0;
+  return true;
+}
+
 std::string JsonEscape(const std::string& text) {
   std::string out;
   out.reserve(text.size());

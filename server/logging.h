@@ -3,9 +3,13 @@
 #ifndef HOSTKV_SERVER_LOGGING_H_
 #define HOSTKV_SERVER_LOGGING_H_
 
+#include <cstdint>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace hostkv {
 
@@ -16,6 +20,23 @@ absl::Status SetUpLogging(const std::string& level, const std::string& format);
 
 // `text` escaped for a JSON string.
 std::string JsonEscape(const std::string& text);
+
+// Keeps a warning that a client can trigger at will (a refused token, a
+// refused stream) from flooding the log: one per `period`. Thread-safe.
+class WarningThrottle {
+ public:
+  explicit WarningThrottle(absl::Duration period) : period_(period) {}
+
+  // True if a warning may be logged now; then *held_back is the number of
+  // warnings refused since the last one allowed.
+  bool Allow(uint64_t* held_back) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const absl::Duration period_;
+  absl::Mutex mu_;
+  absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t held_back_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace hostkv
 

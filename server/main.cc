@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -42,6 +41,7 @@
 #include "server/memory_budget.h"
 #include "server/pool_access.h"
 #include "server/pool_registry.h"
+#include "server/reflection_service.h"
 #include "server/request_handler.h"
 #include "server/session_monitor.h"
 #include "server/session_registry.h"
@@ -67,6 +67,13 @@ ABSL_FLAG(bool, allow_unverified_shm_names, false,
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a shared token; every call must then carry "
           "'authorization: Bearer <token>' (meant for TCP)");
+ABSL_FLAG(bool, health_probe_without_token, false,
+          "with --auth_token_file, let grpc.health.v1 Check of \"\" (the whole "
+          "server) answer without the token, for kubelet/docker probes; every "
+          "other service name still needs it");
+ABSL_FLAG(int, max_health_watches, 64,
+          "most concurrent grpc.health.v1 Watch streams (each holds a server "
+          "thread); more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, memory_budget, "0",
           "most host memory all pools together may take (e.g. 64GiB); 0 = as "
           "much as is available minus --memory_reserve");
@@ -149,7 +156,8 @@ const std::vector<std::string> kFlagNames = {
     "max_imports_per_session",          "max_import_bytes_per_session",
     "max_imports_per_uid",              "max_pools_per_uid",
     "max_pool_bytes_per_uid",           "pool_access",
-    "config_pool_access",               "shm_group"};
+    "config_pool_access",               "shm_group",
+    "health_probe_without_token",       "max_health_watches"};
 
 // Everything the flags say, checked.
 struct DaemonOptions {
@@ -158,6 +166,7 @@ struct DaemonOptions {
   uint32_t socket_mode = 0660;
   gid_t socket_gid = static_cast<gid_t>(-1);
   std::string auth_token;
+  HealthOptions health;
   uint64_t budget = 0;
   uint64_t reserve = 0;
   unsigned copy_threads = 1;
@@ -281,6 +290,12 @@ absl::Status ResolveAddress(DaemonOptions& o) {
   }
   ASSIGN_OR_RETURN(o.socket_gid, ResolveGroup(absl::GetFlag(FLAGS_socket_group)));
   ASSIGN_OR_RETURN(o.auth_token, ReadToken(absl::GetFlag(FLAGS_auth_token_file)));
+  o.health.auth_token = o.auth_token;
+  o.health.probe_without_token = absl::GetFlag(FLAGS_health_probe_without_token);
+  o.health.max_watches = absl::GetFlag(FLAGS_max_health_watches);
+  if (o.health.max_watches < 0 || o.health.max_watches > 65536) {
+    return absl::InvalidArgumentError("--max_health_watches must be in [0, 65536]");
+  }
   return absl::OkStatus();
 }
 
@@ -364,6 +379,7 @@ struct Daemon {
   std::unique_ptr<RequestHandler> handler;
   std::unique_ptr<GrpcService> service;
   std::unique_ptr<HealthService> health;
+  std::unique_ptr<ReflectionService> reflection;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<SessionMonitor> monitor;
   std::shared_ptr<StateCollector> collector;
@@ -449,8 +465,12 @@ absl::Status StartMetrics(Daemon& d) {
 absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   d.service = std::make_unique<GrpcService>(d.handler.get(), o.auth_token,
                                             d.metrics.get());
-  d.health = std::make_unique<HealthService>();
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  d.health = std::make_unique<HealthService>(o.health);
+  d.reflection = std::make_unique<ReflectionService>(
+      o.auth_token, std::vector<std::string>{
+                        v1::HostKV::service_full_name(),
+                        grpc::health::v1::Health::service_full_name(),
+                        grpc::reflection::v1alpha::ServerReflection::service_full_name()});
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials());
   const int max_message = static_cast<int>(
@@ -459,6 +479,7 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   builder.SetMaxSendMessageSize(max_message);
   builder.RegisterService(d.service.get());
   builder.RegisterService(d.health.get());
+  builder.RegisterService(d.reflection.get());
   d.server = builder.BuildAndStart();
   if (d.server == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
