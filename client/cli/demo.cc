@@ -80,14 +80,20 @@ int RunDemo(Client& client, const DemoOptions& o) {
               o.layers, static_cast<unsigned long long>(pool->token_slots()),
               pool->segment_name().c_str());
 
+  // A sealed memfd passed over the session socket: no name another user
+  // could open, and it cannot shrink under the daemon's copies.
   absl::StatusOr<ShmDeviceBuffer> device =
-      ShmDeviceBuffer::Create(planes * o.layers * layer_bytes);
+      ShmDeviceBuffer::CreateSealed(planes * o.layers * layer_bytes);
   if (!device.ok()) return Fail("creating device buffers", device.status());
+  absl::StatusOr<uint64_t> handle = client.PassDescriptor(device->fd());
+  if (!handle.ok()) return Fail("passing the device buffers", handle.status());
   std::vector<v1::DeviceBuffer> k, v;
   for (uint32_t l = 0; l < o.layers; ++l) {
-    k.push_back(device->Describe((planes * l) * layer_bytes, layer_bytes));
+    k.push_back(ShmDeviceBuffer::DescribePassed(*handle, (planes * l) * layer_bytes,
+                                                layer_bytes));
     if (planes == 2) {
-      v.push_back(device->Describe((planes * l + 1) * layer_bytes, layer_bytes));
+      v.push_back(ShmDeviceBuffer::DescribePassed(
+          *handle, (planes * l + 1) * layer_bytes, layer_bytes));
     }
   }
   auto at = [&](uint32_t kv, uint32_t l, uint64_t slot) {
@@ -97,9 +103,9 @@ int RunDemo(Client& client, const DemoOptions& o) {
     for (uint32_t l = 0; l < o.layers; ++l)
       for (uint64_t s = ps; s < dev_slots; ++s)
         for (uint64_t i = 0; i < stride; ++i) at(kv, l, s)[i] = Pattern(kv, l, s, i);
-  std::printf("device buffers: shm %s, %u planes x %u layers x %llu slots, "
-              "filled with a known pattern\n",
-              device->name().c_str(), planes, o.layers,
+  std::printf("device buffers: sealed memfd (passed as handle %llu), %u planes "
+              "x %u layers x %llu slots, filled with a known pattern\n",
+              static_cast<unsigned long long>(*handle), planes, o.layers,
               static_cast<unsigned long long>(dev_slots));
 
   absl::StatusOr<uint64_t> import =
