@@ -1,6 +1,8 @@
 #include "server/device_import.h"
 
+#include <algorithm>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,6 +17,70 @@ constexpr uint64_t kMaxDeviceTokenSlots = 1ull << 40;
 // Most bytes one device buffer may need (token_slots * token_stride): with
 // this cap the product cannot overflow, nor can any row offset below it.
 constexpr uint64_t kMaxDeviceBufferBytes = 1ull << 50;
+
+// Offsets and sizes past this cannot be in a segment (off_t is signed):
+// with it, offset + size cannot overflow.
+constexpr uint64_t kMaxSegmentBytes = 1ull << 62;
+
+// The part of one segment a registration uses.
+struct SegmentUse {
+  std::string name;
+  uint64_t map_begin = std::numeric_limits<uint64_t>::max();
+  uint64_t map_end = 0;  // the union of [offset, offset + need) of its buffers
+  uint64_t reach = 0;    // the largest offset + size of its buffers
+  std::string reach_where;
+};
+
+absl::Status CheckBufferRef(const DeviceBufferRef& ref, uint64_t need,
+                            uint64_t token_slots, const PoolGeometry& g,
+                            const std::string& reserved_prefix,
+                            const std::string& where) {
+  if (!IsValidShmName(ref.shm_name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": bad shm name '", ref.shm_name,
+        "' (want \"/\" then 1..200 of [A-Za-z0-9._-])"));
+  }
+  if (absl::StartsWith(ref.shm_name, reserved_prefix)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        where, ": segment ", ref.shm_name, " belongs to the daemon"));
+  }
+  if (ref.size < need) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": size ", ref.size, " is smaller than token_slots * ",
+        "token_stride = ", token_slots, " * ", g.token_stride(), " = ", need));
+  }
+  return absl::OkStatus();
+}
+
+// Maps the OS pages of `use.name` that its buffers' rows lie on, and checks
+// the owner and that every buffer lies within the segment.
+absl::StatusOr<ShmSegment> MapSegmentUse(const SegmentUse& use,
+                                         std::optional<uint32_t> peer_uid) {
+  absl::StatusOr<ShmSegment> segment =
+      ShmSegment::OpenRange(use.name, use.map_begin,
+                            use.map_end - use.map_begin,
+                            ShmSegment::Access::kReadWrite);
+  if (!segment.ok()) {
+    // A range beyond the end: the buffer that reaches furthest does too.
+    return absl::Status(segment.status().code(),
+                        absl::StrCat(use.reach_where, ": ",
+                                     segment.status().message()));
+  }
+  // The owner is read from the descriptor the daemon maps: no window
+  // between the check and the mapping. Root may register anything.
+  if (peer_uid.has_value() && *peer_uid != 0 &&
+      segment->owner_uid() != *peer_uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        use.reach_where, ": segment ", use.name, " belongs to uid ",
+        segment->owner_uid(), ", not to the client's uid ", *peer_uid));
+  }
+  if (use.reach > segment->file_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        use.reach_where, ": offset + size ", use.reach, " exceeds segment ",
+        use.name, " of ", segment->file_size(), " bytes"));
+  }
+  return segment;
+}
 
 }  // namespace
 
@@ -77,53 +143,49 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
   const uint64_t need = spec.token_slots * g.token_stride();
   std::unique_ptr<DeviceImport> import(
       new DeviceImport(std::move(pool), spec.token_slots));
-  absl::flat_hash_map<std::string, size_t> opened;  // name -> segments_ index
   import->layers_.resize(g.num_layers, LayerBuffers{{nullptr, nullptr}});
   const std::vector<DeviceBufferRef>* planes[2] = {&spec.k, &spec.v};
+  auto where = [](uint32_t kv, uint32_t l) {
+    return absl::StrCat(kv == 0 ? "k_buffers[" : "v_buffers[", l, "]");
+  };
+  // Pass 1: check each buffer on its own and gather, per segment, the bytes
+  // the copies touch (the first `need` of each buffer) and how far the
+  // largest buffer reaches.
+  std::vector<SegmentUse> uses;
+  absl::flat_hash_map<std::string, size_t> by_name;  // name -> uses index
   for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
     for (uint32_t l = 0; l < g.num_layers; ++l) {
       const DeviceBufferRef& ref = (*planes[kv])[l];
-      const std::string where =
-          absl::StrCat(kv == 0 ? "k_buffers[" : "v_buffers[", l, "]");
-      if (!IsValidShmName(ref.shm_name)) {
+      RETURN_IF_ERROR(CheckBufferRef(ref, need, spec.token_slots, g,
+                                     reserved_prefix, where(kv, l)));
+      if (ref.offset > kMaxSegmentBytes || ref.size > kMaxSegmentBytes) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ": bad shm name '", ref.shm_name,
-            "' (want \"/\" then 1..200 of [A-Za-z0-9._-])"));
+            where(kv, l), ": offset ", ref.offset, " + size ", ref.size,
+            " exceeds any segment (2^62 bytes)"));
       }
-      if (absl::StartsWith(ref.shm_name, reserved_prefix)) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            where, ": segment ", ref.shm_name, " belongs to the daemon"));
+      auto [it, inserted] = by_name.try_emplace(ref.shm_name, uses.size());
+      if (inserted) uses.push_back(SegmentUse{ref.shm_name});
+      SegmentUse& use = uses[it->second];
+      use.map_begin = std::min(use.map_begin, ref.offset);
+      use.map_end = std::max(use.map_end, ref.offset + need);
+      if (ref.offset + ref.size >= use.reach) {
+        use.reach = ref.offset + ref.size;
+        use.reach_where = where(kv, l);
       }
-      if (ref.size < need) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": size ", ref.size, " is smaller than token_slots * ",
-            "token_stride = ", spec.token_slots, " * ", g.token_stride(),
-            " = ", need));
-      }
-      auto [it, inserted] = opened.try_emplace(ref.shm_name, import->segments_.size());
-      if (inserted) {
-        absl::StatusOr<ShmSegment> segment = ShmSegment::Open(ref.shm_name);
-        if (!segment.ok()) {
-          return absl::Status(segment.status().code(),
-                              absl::StrCat(where, ": ", segment.status().message()));
-        }
-        // The owner is read from the descriptor the daemon maps: no window
-        // between the check and the mapping. Root may register anything.
-        if (peer_uid.has_value() && *peer_uid != 0 &&
-            segment->owner_uid() != *peer_uid) {
-          return absl::PermissionDeniedError(absl::StrCat(
-              where, ": segment ", ref.shm_name, " belongs to uid ",
-              segment->owner_uid(), ", not to the client's uid ", *peer_uid));
-        }
-        import->segments_.push_back(std::move(*segment));
-      }
-      const ShmSegment& segment = import->segments_[it->second];
-      if (ref.offset > segment.size() || ref.size > segment.size() - ref.offset) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": offset ", ref.offset, " + size ", ref.size,
-            " exceeds segment ", ref.shm_name, " of ", segment.size(), " bytes"));
-      }
-      import->layers_[l].plane[kv] = segment.data() + ref.offset;
+    }
+  }
+  // Pass 2: map each segment's range once.
+  for (const SegmentUse& use : uses) {
+    ASSIGN_OR_RETURN(ShmSegment segment, MapSegmentUse(use, peer_uid));
+    import->segments_.push_back(std::move(segment));
+  }
+  for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      const DeviceBufferRef& ref = (*planes[kv])[l];
+      const size_t index = by_name.at(ref.shm_name);
+      const ShmSegment& segment = import->segments_[index];
+      import->layers_[l].plane[kv] =
+          segment.data() + (ref.offset - uses[index].map_begin);
     }
   }
   return import;

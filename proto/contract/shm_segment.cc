@@ -87,14 +87,28 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
   void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED,
                     fd.get(), 0);
   if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
-  segment.data_ = static_cast<uint8_t*>(addr);
-  segment.size_ = size;
+  segment.data_ = segment.map_base_ = static_cast<uint8_t*>(addr);
+  segment.size_ = segment.map_bytes_ = segment.file_size_ = size;
   segment.owner_uid_ = geteuid();
   return segment;
 }
 
 absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name,
                                             Access access) {
+  return OpenMapping(name, 0, 0, /*whole=*/true, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::OpenRange(const std::string& name,
+                                                 uint64_t offset,
+                                                 uint64_t length,
+                                                 Access access) {
+  return OpenMapping(name, offset, length, /*whole=*/false, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::OpenMapping(const std::string& name,
+                                                   uint64_t offset,
+                                                   uint64_t length, bool whole,
+                                                   Access access) {
   const bool writable = access == Access::kReadWrite;
   if (!IsValidShmName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("bad shm name '", name, "'"));
@@ -107,14 +121,28 @@ absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name,
     return absl::InvalidArgumentError(
         absl::StrCat("shm segment ", name, " is empty or not a regular file"));
   }
-  void* addr = mmap(nullptr, static_cast<size_t>(st.st_size),
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (whole) length = file_size;
+  if (length == 0 || offset > file_size || length > file_size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes [", offset, ", +", length, ") are not within shm segment ",
+        name, " of ", file_size, " bytes"));
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t map_offset = offset / page * page;
+  // No overflow: offset + length <= file_size < 2^63.
+  const uint64_t map_bytes = offset + length - map_offset;
+  void* addr = mmap(nullptr, static_cast<size_t>(map_bytes),
                     writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
-                    fd.get(), 0);
+                    fd.get(), static_cast<off_t>(map_offset));
   if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
   ShmSegment segment;
   segment.name_ = name;
-  segment.data_ = static_cast<uint8_t*>(addr);
-  segment.size_ = static_cast<uint64_t>(st.st_size);
+  segment.map_base_ = static_cast<uint8_t*>(addr);
+  segment.map_bytes_ = map_bytes;
+  segment.data_ = segment.map_base_ + (offset - map_offset);
+  segment.size_ = length;
+  segment.file_size_ = file_size;
   segment.owner_uid_ = st.st_uid;
   return segment;
 }
@@ -127,6 +155,9 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     name_ = std::move(other.name_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    map_base_ = std::exchange(other.map_base_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    file_size_ = std::exchange(other.file_size_, 0);
     owner_uid_ = other.owner_uid_;
     unlink_ = std::exchange(other.unlink_, false);
   }
@@ -136,10 +167,10 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
 ShmSegment::~ShmSegment() { Reset(); }
 
 void ShmSegment::Reset() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (map_base_ != nullptr) munmap(map_base_, map_bytes_);
   if (unlink_) shm_unlink(name_.c_str());
-  data_ = nullptr;
-  size_ = 0;
+  data_ = map_base_ = nullptr;
+  size_ = map_bytes_ = file_size_ = 0;
   unlink_ = false;
 }
 

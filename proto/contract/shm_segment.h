@@ -32,7 +32,8 @@ class ScopedFd {
   int fd_ = -1;
 };
 
-// A mapping of a whole shared-memory segment. Not thread-safe to move;
+// A mapping of a shared-memory segment, whole or a range of it. Not
+// thread-safe to move;
 // the bytes themselves are shared with other processes.
 class ShmSegment {
  public:
@@ -51,6 +52,15 @@ class ShmSegment {
   static absl::StatusOr<ShmSegment> Open(const std::string& name,
                                          Access access = Access::kReadWrite);
 
+  // Opens an existing segment and maps only the OS pages that hold bytes
+  // [offset, offset + length) of it; data() then points at byte `offset`,
+  // size() is `length`, and file_size() and owner_uid() are read from the
+  // descriptor that was mapped. Returns InvalidArgument if length is 0 or the
+  // range is not within the segment, else as Open.
+  static absl::StatusOr<ShmSegment> OpenRange(const std::string& name,
+                                              uint64_t offset, uint64_t length,
+                                              Access access);
+
   // An empty segment that maps nothing.
   ShmSegment() = default;
   ShmSegment(ShmSegment&& other) noexcept;
@@ -60,6 +70,8 @@ class ShmSegment {
   const std::string& name() const { return name_; }
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The segment's size when it was mapped (size() unless OpenRange).
+  uint64_t file_size() const { return file_size_; }
   uid_t owner_uid() const { return owner_uid_; }
 
   // Touches every OS page with `threads` threads so that later copies do not
@@ -67,11 +79,21 @@ class ShmSegment {
   void Prefault(unsigned threads);
 
  private:
+  // Open (whole) and OpenRange.
+  static absl::StatusOr<ShmSegment> OpenMapping(const std::string& name,
+                                                uint64_t offset,
+                                                uint64_t length, bool whole,
+                                                Access access);
   void Reset();
 
   std::string name_;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  // The mapping itself: OpenRange maps whole OS pages around [data_,
+  // data_ + size_).
+  uint8_t* map_base_ = nullptr;
+  uint64_t map_bytes_ = 0;
+  uint64_t file_size_ = 0;
   uid_t owner_uid_ = 0;
   bool unlink_ = false;
 };
