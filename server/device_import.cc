@@ -1,5 +1,7 @@
 #include "server/device_import.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -22,14 +24,38 @@ constexpr uint64_t kMaxDeviceBufferBytes = 1ull << 50;
 // with it, offset + size cannot overflow.
 constexpr uint64_t kMaxSegmentBytes = 1ull << 62;
 
+// A byte range [begin, end) of a segment.
+struct ByteRange {
+  uint64_t begin;
+  uint64_t end;
+};
+
 // The part of one segment a registration uses.
 struct SegmentUse {
   std::string name;
-  uint64_t map_begin = std::numeric_limits<uint64_t>::max();
-  uint64_t map_end = 0;  // the union of [offset, offset + need) of its buffers
-  uint64_t reach = 0;    // the largest offset + size of its buffers
+  std::vector<ByteRange> rows;  // [offset, offset + need) of each buffer
+  uint64_t reach = 0;           // the largest offset + size of its buffers
   std::string reach_where;
 };
+
+// `ranges` sorted and merged where they share or touch an OS page: what to
+// map, one mapping each.
+std::vector<ByteRange> MergeByPage(std::vector<ByteRange> ranges) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
+  std::vector<ByteRange> merged;
+  for (const ByteRange& r : ranges) {
+    // No overflow: ends are below 2^63 (kMaxSegmentBytes + 2^50).
+    if (!merged.empty() &&
+        r.begin / page * page <= (merged.back().end + page - 1) / page * page) {
+      merged.back().end = std::max(merged.back().end, r.end);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
 
 absl::Status CheckBufferRef(const DeviceBufferRef& ref, uint64_t need,
                             uint64_t token_slots, const PoolGeometry& g,
@@ -52,13 +78,13 @@ absl::Status CheckBufferRef(const DeviceBufferRef& ref, uint64_t need,
   return absl::OkStatus();
 }
 
-// Maps the OS pages of `use.name` that its buffers' rows lie on, and checks
-// the owner and that every buffer lies within the segment.
-absl::StatusOr<ShmSegment> MapSegmentUse(const SegmentUse& use,
-                                         std::optional<uint32_t> peer_uid) {
+// Maps the OS pages of `range` of segment `use.name`, and checks the owner
+// of the mapped descriptor and that every buffer lies within the segment.
+absl::StatusOr<ShmSegment> MapSegmentRange(const SegmentUse& use,
+                                           const ByteRange& range,
+                                           std::optional<uint32_t> peer_uid) {
   absl::StatusOr<ShmSegment> segment =
-      ShmSegment::OpenRange(use.name, use.map_begin,
-                            use.map_end - use.map_begin,
+      ShmSegment::OpenRange(use.name, range.begin, range.end - range.begin,
                             ShmSegment::Access::kReadWrite);
   if (!segment.ok()) {
     // A range beyond the end: the buffer that reaches furthest does too.
@@ -166,26 +192,31 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> DeviceImport::OpenShm(
       auto [it, inserted] = by_name.try_emplace(ref.shm_name, uses.size());
       if (inserted) uses.push_back(SegmentUse{ref.shm_name});
       SegmentUse& use = uses[it->second];
-      use.map_begin = std::min(use.map_begin, ref.offset);
-      use.map_end = std::max(use.map_end, ref.offset + need);
+      use.rows.push_back({ref.offset, ref.offset + need});
       if (ref.offset + ref.size >= use.reach) {
         use.reach = ref.offset + ref.size;
         use.reach_where = where(kv, l);
       }
     }
   }
-  // Pass 2: map each segment's range once.
+  // Pass 2: map the union of each segment's rows, page by page: a sparse
+  // segment costs only the address space of what is registered in it.
   for (const SegmentUse& use : uses) {
-    ASSIGN_OR_RETURN(ShmSegment segment, MapSegmentUse(use, peer_uid));
-    import->segments_.push_back(std::move(segment));
-  }
-  for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
-    for (uint32_t l = 0; l < g.num_layers; ++l) {
-      const DeviceBufferRef& ref = (*planes[kv])[l];
-      const size_t index = by_name.at(ref.shm_name);
-      const ShmSegment& segment = import->segments_[index];
-      import->layers_[l].plane[kv] =
-          segment.data() + (ref.offset - uses[index].map_begin);
+    for (const ByteRange& range : MergeByPage(use.rows)) {
+      ASSIGN_OR_RETURN(ShmSegment segment,
+                       MapSegmentRange(use, range, peer_uid));
+      // The buffers whose rows start in this range.
+      for (uint32_t kv = 0; kv < g.kv_planes(); ++kv) {
+        for (uint32_t l = 0; l < g.num_layers; ++l) {
+          const DeviceBufferRef& ref = (*planes[kv])[l];
+          if (ref.shm_name == use.name && ref.offset >= range.begin &&
+              ref.offset < range.end) {
+            import->layers_[l].plane[kv] =
+                segment.data() + (ref.offset - range.begin);
+          }
+        }
+      }
+      import->segments_.push_back(std::move(segment));
     }
   }
   return import;
