@@ -19,8 +19,8 @@ struct GuardFrame {
 };
 
 // initial-exec: reading it in the handler never allocates.
-__attribute__((tls_model("initial-exec"))) thread_local GuardFrame*
-    t_guard = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local GuardFrame* t_guard =
+    nullptr;
 
 struct sigaction g_previous;
 std::once_flag g_install_once;

@@ -148,7 +148,7 @@ std::optional<TransferEngine::Pending> TransferEngine::Next() {
       }
     }
   } else if (!IsLoad(*queues_.at(turns_[0]).front().op) &&
-      loads_ahead_ < options_.max_loads_ahead) {
+             loads_ahead_ < options_.max_loads_ahead) {
     for (size_t i = 1; i < turns_.size(); ++i) {
       if (IsLoad(*queues_.at(turns_[i]).front().op)) {
         pick = i;
@@ -198,8 +198,7 @@ std::optional<TransferEngine::Pending> TransferEngine::Step(Pending pending) {
     // without copying, so no engine stream waits for them forever.
     if (gpu_ == nullptr) {
       Finish(std::move(pending.op), /*failed=*/true);
-    } else if (absl::Status s = gpu_->Enqueue(std::move(pending.op));
-               !s.ok()) {
+    } else if (absl::Status s = gpu_->Enqueue(std::move(pending.op)); !s.ok()) {
       spdlog::error("GPU transfer failed to enqueue: {}",
                     std::string(s.message()));
     }

@@ -11,8 +11,8 @@
 #ifndef HOSTKV_SERVER_TRANSFER_ENGINE_H_
 #define HOSTKV_SERVER_TRANSFER_ENGINE_H_
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
@@ -23,12 +23,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/copy_plan.h"
 #include "kernels/cpu_copy_engine.h"
 #include "kernels/worker_pool.h"
-#include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "server/daemon_metrics.h"
 #include "server/device_import.h"
 #include "server/gpu_backend.h"
@@ -42,7 +42,7 @@ namespace hostkv {
 struct TransferOp {
   uint64_t op_id = 0;
   OwnerTag owner = kNoOwner;  // the submitting session
-  PinnedPages host_pages;  // released before the last layer is signalled
+  PinnedPages host_pages;     // released before the last layer is signalled
   std::shared_ptr<DeviceImport> import;
   std::shared_ptr<SignalBoard> signals;
   uint32_t signal_index = 0;

@@ -36,9 +36,11 @@ struct Result {
   absl::Duration total;
 };
 
-Result RunScenario(bool fair, uint64_t a_op_bytes, int a_ops, unsigned threads) {
+Result RunScenario(bool fair, uint64_t a_op_bytes, int a_ops,
+                   unsigned threads) {
   MemoryBudget budget(0, 0, [] { return uint64_t{1} << 40; });
-  const std::string prefix = absl::StrCat("/hostkv-fairness-bench.", getpid(), ".");
+  const std::string prefix =
+      absl::StrCat("/hostkv-fairness-bench.", getpid(), ".");
   PoolRegistry pools(&budget, prefix, threads);
   v1::PoolSpec spec;
   spec.set_name("p");
@@ -50,7 +52,8 @@ Result RunScenario(bool fair, uint64_t a_op_bytes, int a_ops, unsigned threads) 
   spec.set_page_size(kPageSize);
   spec.set_layout(v1::LAYOUT_PAGE_FIRST);
   const uint64_t token_bytes = 2 * kLayers * 8 * 128 * 2;  // all layers, K+V
-  const uint64_t tokens = std::max<uint64_t>(kPageSize, a_op_bytes / token_bytes / kPageSize * kPageSize);
+  const uint64_t tokens = std::max<uint64_t>(
+      kPageSize, a_op_bytes / token_bytes / kPageSize * kPageSize);
   spec.set_capacity_tokens(tokens);
   std::shared_ptr<HostPool> pool = pools.Create(spec, false).value();
   const uint64_t stride = pool->geometry().token_stride();
@@ -62,7 +65,8 @@ Result RunScenario(bool fair, uint64_t a_op_bytes, int a_ops, unsigned threads) 
   };
   auto make_rig = [&](int n) {
     Rig rig;
-    rig.board = SignalBoard::Create(absl::StrCat(prefix, "signals.", n), 256).value();
+    rig.board =
+        SignalBoard::Create(absl::StrCat(prefix, "signals.", n), 256).value();
     rig.device.assign(2 * kLayers * tokens * stride, 1);
     std::vector<LayerBuffers> layers;
     for (uint32_t l = 0; l < kLayers; ++l) {
@@ -130,17 +134,25 @@ int main(int argc, char** argv) {
   const uint64_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256;
   const int ops = argc > 2 ? std::atoi(argv[2]) : 40;
   const unsigned threads = argc > 3 ? std::atoi(argv[3]) : 2;
-  std::printf("A: %d backups of %llu MiB queued; B: one 1-page backup; %u copy threads\n",
-              ops, static_cast<unsigned long long>(mib), threads);
+  std::printf(
+      "A: %d backups of %llu MiB queued; B: one 1-page backup; %u copy "
+      "threads\n",
+      ops, static_cast<unsigned long long>(mib), threads);
   double fifo_ms = 0;
   for (bool fair : {false, true}) {
     const hostkv::Result r = hostkv::RunScenario(fair, mib << 20, ops, threads);
     const double ms = absl::ToDoubleMilliseconds(r.b_latency);
     if (!fair) fifo_ms = ms;
-    std::printf("%-28s B latency %10.2f ms  A ops finished before B %3d/%d  all done in %.0f ms%s\n",
-                fair ? "per-session turns (now)" : "one FIFO (before)", ms,
-                r.a_finished_before_b, ops, absl::ToDoubleMilliseconds(r.total),
-                fair ? absl::StrCat("  (", static_cast<int>(fifo_ms / std::max(ms, 1e-3)), "x lower)").c_str() : "");
+    std::printf(
+        "%-28s B latency %10.2f ms  A ops finished before B %3d/%d  all done "
+        "in %.0f ms%s\n",
+        fair ? "per-session turns (now)" : "one FIFO (before)", ms,
+        r.a_finished_before_b, ops, absl::ToDoubleMilliseconds(r.total),
+        fair ? absl::StrCat("  (",
+                            static_cast<int>(fifo_ms / std::max(ms, 1e-3)),
+                            "x lower)")
+                   .c_str()
+             : "");
   }
   return 0;
 }

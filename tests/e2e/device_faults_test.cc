@@ -87,7 +87,8 @@ class DeviceFaultsTest : public ::testing::Test {
     auto op = bob_->Backup("p", *import, *pages, {{0, kSlots}});
     ASSERT_OK(op);
     ASSERT_OK(bob_->Wait(*op));
-    std::vector<uint8_t> before(device->data(), device->data() + device->size());
+    std::vector<uint8_t> before(device->data(),
+                                device->data() + device->size());
     std::memset(device->data(), 0, device->size());
     op = bob_->Load("p", *import, *pages, {{0, kSlots}});
     ASSERT_OK(op);

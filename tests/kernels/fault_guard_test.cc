@@ -96,7 +96,8 @@ TEST(FaultGuardDeathTest, UnguardedFaultStillKills) {
   EXPECT_EXIT(
       {
         TruncatedMapping mapping(1);
-        volatile uint8_t v = *reinterpret_cast<volatile uint8_t*>(mapping.data());
+        volatile uint8_t v =
+            *reinterpret_cast<volatile uint8_t*>(mapping.data());
         (void)v;
       },
       ::testing::KilledBySignal(SIGBUS), "");

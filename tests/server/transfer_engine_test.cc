@@ -42,9 +42,9 @@ std::string Prefix() {
 class GateBackend : public GpuBackend {
  public:
   std::string Describe() const override { return "gate"; }
-  std::unique_ptr<PoolPinning> StartPinning(const std::string&, uint8_t*,
-                                            uint64_t, uint64_t,
-                                            std::function<void(bool)>) override {
+  std::unique_ptr<PoolPinning> StartPinning(
+      const std::string&, uint8_t*, uint64_t, uint64_t,
+      std::function<void(bool)>) override {
     return nullptr;
   }
   absl::StatusOr<std::unique_ptr<DeviceImport>> OpenImport(
@@ -68,9 +68,8 @@ class GateBackend : public GpuBackend {
   // Blocks until the dispatcher waits at the gate.
   void AwaitDispatcherHeld() {
     absl::MutexLock lock(&mu_);
-    auto held = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return waiting_ > 0;
-    };
+    auto held = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ > 0; };
     mu_.Await(absl::Condition(&held));
   }
 
@@ -157,9 +156,11 @@ class TransferEngineTest : public ::testing::Test {
     rig->device = static_cast<uint8_t*>(p);
     std::vector<LayerBuffers> layers;
     for (uint32_t l = 0; l < kLayers; ++l) {
-      layers.push_back({{rig->buffer(l, 0, stride()), rig->buffer(l, 1, stride())}});
+      layers.push_back(
+          {{rig->buffer(l, 0, stride()), rig->buffer(l, 1, stride())}});
     }
-    rig->import = DeviceImport::ForGpu(pool_, kTokens, std::move(layers), nullptr);
+    rig->import =
+        DeviceImport::ForGpu(pool_, kTokens, std::move(layers), nullptr);
     rigs_.push_back(std::move(rig));
     return *rigs_.back();
   }
@@ -222,7 +223,8 @@ class TransferEngineTest : public ::testing::Test {
     for (size_t i = 0; i < order.size(); ++i) {
       if (order[i].owner == owner && order[i].op_id == op_id) return i;
     }
-    ADD_FAILURE() << "op " << op_id << " of session " << owner << " never finished";
+    ADD_FAILURE() << "op " << op_id << " of session " << owner
+                  << " never finished";
     return order.size();
   }
   static std::vector<uint64_t> OpsOf(const std::vector<Finished>& order,
@@ -259,7 +261,8 @@ TEST_F(TransferEngineTest, KeepsEachSessionsSubmissionOrder) {
     Load(b, 8 * i, 8 * i, 4);
   }
   const std::vector<Finished> order = RunAll();
-  EXPECT_EQ((std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}), OpsOf(order, a.owner));
+  EXPECT_EQ((std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}),
+            OpsOf(order, a.owner));
   EXPECT_EQ((std::vector<uint64_t>{1, 2, 3, 4, 5, 6}), OpsOf(order, b.owner));
   for (const Finished& f : order) EXPECT_FALSE(f.failed);
 }
@@ -273,17 +276,19 @@ TEST_F(TransferEngineTest, LoadAfterQueuedBackupOfTheSamePagesSeesItsData) {
   for (uint32_t l = 0; l < kLayers; ++l) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
       uint8_t* buf = a.buffer(l, kv, s);
-      for (uint64_t i = 0; i < 16 * s; ++i) buf[i] = static_cast<uint8_t>(l * 31 + kv * 7 + i);
+      for (uint64_t i = 0; i < 16 * s; ++i)
+        buf[i] = static_cast<uint8_t>(l * 31 + kv * 7 + i);
     }
   }
   SubmitHeld(a, CopyDirection::kDeviceToHost);
-  Backup(a, /*host=*/64, /*slot=*/0, 16);     // device slots 0..15 -> host 64..
+  Backup(a, /*host=*/64, /*slot=*/0, 16);  // device slots 0..15 -> host 64..
   Load(b, 0, 0, 4);
-  Load(a, /*host=*/64, /*slot=*/512, 16);     // host 64.. -> device 512..
+  Load(a, /*host=*/64, /*slot=*/512, 16);  // host 64.. -> device 512..
   RunAll();
   for (uint32_t l = 0; l < kLayers; ++l) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
-      EXPECT_EQ(0, std::memcmp(a.buffer(l, kv, s), a.buffer(l, kv, s) + 512 * s, 16 * s))
+      EXPECT_EQ(0, std::memcmp(a.buffer(l, kv, s), a.buffer(l, kv, s) + 512 * s,
+                               16 * s))
           << "layer " << l << " plane " << kv;
     }
   }
@@ -369,7 +374,8 @@ TEST_F(TransferEngineTest, TruncatedDeviceBufferFailsOnlyThatSessionsOps) {
   const uint64_t a1 = Load(a, 0, 0, kTokens);
   const uint64_t a2 = Backup(a, 0, 0, 4);  // later ops through the import too
   const uint64_t s = stride();
-  for (uint64_t i = 0; i < 4 * s; ++i) b.buffer(3, 1, s)[i] = static_cast<uint8_t>(i * 5);
+  for (uint64_t i = 0; i < 4 * s; ++i)
+    b.buffer(3, 1, s)[i] = static_cast<uint8_t>(i * 5);
   const uint64_t b1 = Backup(b, 128, 0, 4);
   const uint64_t b2 = Load(b, 128, 100, 4);
   const std::vector<Finished> order = RunAll();
@@ -378,7 +384,8 @@ TEST_F(TransferEngineTest, TruncatedDeviceBufferFailsOnlyThatSessionsOps) {
   EXPECT_TRUE(order[IndexOf(order, a.owner, a2)].failed);
   EXPECT_FALSE(order[IndexOf(order, b.owner, b1)].failed);
   EXPECT_FALSE(order[IndexOf(order, b.owner, b2)].failed);
-  EXPECT_EQ(0, std::memcmp(b.buffer(3, 1, s), b.buffer(3, 1, s) + 100 * s, 4 * s));
+  EXPECT_EQ(0,
+            std::memcmp(b.buffer(3, 1, s), b.buffer(3, 1, s) + 100 * s, 4 * s));
 }
 
 }  // namespace
