@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-
+#include <type_traits>
 
 namespace hostkv {
 
@@ -52,7 +52,9 @@ class SliceCopier {
  public:
   SliceCopier(uint8_t* host, uint8_t* device, CopyDirection direction)
       : host_(host), device_(device), direction_(direction) {}
-  ~SliceCopier() { Flush(); }
+  // Trivially destructible, and the caller flushes: a fault guard
+  // (kernels/fault_guard.h) may abandon a copy in the middle, skipping the
+  // frames rather than unwinding them.
 
   void Add(uint64_t host_offset, uint64_t device_offset, uint64_t bytes) {
     if (size_ == kDepth) CopyOldest();
@@ -101,6 +103,9 @@ class SliceCopier {
   uint32_t size_ = 0;
 };
 
+static_assert(std::is_trivially_destructible_v<SliceCopier>,
+              "guarded copies are abandoned, not unwound");
+
 }  // namespace
 
 size_t RunAt(const CopyTask& task, uint64_t token) {
@@ -127,6 +132,7 @@ void CopyLayerSlice(const CopyTask& task, uint32_t layer, uint64_t token_begin,
                  [&copier](const CopyPiece& piece) {
                    copier.Add(piece.host, piece.device, piece.bytes);
                  });
+    copier.Flush();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "absl/status/status.h"
 #include "kernels/copy_plan.h"
 #include "kernels/worker_pool.h"
 
@@ -13,7 +14,7 @@ namespace hostkv {
 // Thread-safe; borrows `workers`, which must outlive it.
 class CpuCopyEngine {
  public:
-  explicit CpuCopyEngine(WorkerPool* workers) : workers_(workers) {}
+  explicit CpuCopyEngine(WorkerPool* workers);
 
   // Copies every token of `task` for one layer, split over the workers when
   // the layer is large enough to pay for it.
@@ -25,7 +26,12 @@ class CpuCopyEngine {
   // worker has copied layer l, which implies all layers before l are done
   // too (calls for different layers may overlap and arrive out of order).
   // Before each layer each worker asks keep_going(); false stops it.
-  void CopyLayers(const CopyTask& task, uint32_t layer_begin,
+  // Each slice is copied under a fault guard (kernels/fault_guard.h): if the
+  // device memory vanishes under the copy (SIGBUS: a client truncated the
+  // segment), every worker stops and DataLoss is returned, naming the
+  // address; layers not fully copied are then never reported done. Returns
+  // OK otherwise, including when keep_going() stopped it.
+  absl::Status CopyLayers(const CopyTask& task, uint32_t layer_begin,
                   uint32_t layer_end, const std::function<bool()>& keep_going,
                   const std::function<void(uint32_t)>& layer_done) const;
 

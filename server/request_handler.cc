@@ -150,6 +150,8 @@ v1::CloseSessionResponse RequestHandler::Release(Session& session,
   session.MarkEnding();
   if (metrics_ != nullptr) metrics_->RecordSessionEnd(reason);
   session.signals()->Cancel();
+  // Its queued CPU operations end now rather than when their turn comes.
+  transfers_->Abandon(session.tag());
   std::vector<std::shared_ptr<DeviceImport>> imports = session.TakeImports();
   // GPU operations cannot be stopped, only let through: none may keep
   // waiting for a "KV written" signal from an engine that is gone.

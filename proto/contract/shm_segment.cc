@@ -87,44 +87,89 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
   void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED,
                     fd.get(), 0);
   if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
-  segment.data_ = static_cast<uint8_t*>(addr);
-  segment.size_ = size;
+  segment.data_ = segment.map_base_ = static_cast<uint8_t*>(addr);
+  segment.size_ = segment.map_bytes_ = segment.file_size_ = size;
   segment.owner_uid_ = geteuid();
   return segment;
 }
 
 absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name,
                                             Access access) {
+  return OpenMapping(name, 0, 0, /*whole=*/true, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::OpenRange(const std::string& name,
+                                                 uint64_t offset,
+                                                 uint64_t length,
+                                                 Access access) {
+  return OpenMapping(name, offset, length, /*whole=*/false, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::OpenMapping(const std::string& name,
+                                                   uint64_t offset,
+                                                   uint64_t length, bool whole,
+                                                   Access access) {
   const bool writable = access == Access::kReadWrite;
   if (!IsValidShmName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("bad shm name '", name, "'"));
   }
   ScopedFd fd(shm_open(name.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0));
   if (fd.get() < 0) return ErrnoStatus(errno, "shm_open " + name);
-  return MapFd(fd.get(), name, access);
+  return MapDescriptor(fd.get(), name, offset, length, whole, access);
 }
 
 absl::StatusOr<ShmSegment> ShmSegment::MapFd(int fd, const std::string& label,
                                              Access access) {
+  return MapDescriptor(fd, label, 0, 0, /*whole=*/true, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::MapFdRange(int fd, const std::string& label,
+                                                  uint64_t offset, uint64_t length,
+                                                  Access access) {
+  return MapDescriptor(fd, label, offset, length, /*whole=*/false, access);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::MapDescriptor(int fd, const std::string& name,
+                                                     uint64_t offset, uint64_t length,
+                                                     bool whole, Access access) {
   const bool writable = access == Access::kReadWrite;
   struct stat st;
-  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat " + label);
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat " + name);
   if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shm segment ", label, " is empty or not a regular file"));
+        absl::StrCat("shm segment ", name, " is empty or not a regular file"));
   }
-  void* addr = mmap(nullptr, static_cast<size_t>(st.st_size),
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (whole) length = file_size;
+  if (length == 0 || offset > file_size || length > file_size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes [", offset, ", +", length, ") are not within shm segment ",
+        name, " of ", file_size, " bytes"));
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t map_offset = offset / page * page;
+  // No overflow: offset + length <= file_size < 2^63.
+  const uint64_t map_bytes = offset + length - map_offset;
+  void* addr = mmap(nullptr, static_cast<size_t>(map_bytes),
                     writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
-                    fd, 0);
-  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + label);
+                    fd, static_cast<off_t>(map_offset));
+  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
   ShmSegment segment;
-  segment.name_ = label;
-  segment.data_ = static_cast<uint8_t*>(addr);
-  segment.size_ = static_cast<uint64_t>(st.st_size);
+  segment.name_ = name;
+  segment.map_base_ = static_cast<uint8_t*>(addr);
+  segment.map_bytes_ = map_bytes;
+  segment.data_ = segment.map_base_ + (offset - map_offset);
+  segment.size_ = length;
+  segment.file_size_ = file_size;
   segment.owner_uid_ = st.st_uid;
   segment.owner_gid_ = st.st_gid;
   segment.mode_ = st.st_mode;
   return segment;
+}
+
+void ShmSegment::Unlink() {
+  if (unlink_) shm_unlink(name_.c_str());
+  unlink_ = false;
 }
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
@@ -135,6 +180,9 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     name_ = std::move(other.name_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    map_base_ = std::exchange(other.map_base_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    file_size_ = std::exchange(other.file_size_, 0);
     owner_uid_ = other.owner_uid_;
     owner_gid_ = other.owner_gid_;
     mode_ = other.mode_;
@@ -146,15 +194,10 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
 ShmSegment::~ShmSegment() { Reset(); }
 
 void ShmSegment::Reset() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (map_base_ != nullptr) munmap(map_base_, map_bytes_);
   if (unlink_) shm_unlink(name_.c_str());
-  data_ = nullptr;
-  size_ = 0;
-  unlink_ = false;
-}
-
-void ShmSegment::Unlink() {
-  if (unlink_) shm_unlink(name_.c_str());
+  data_ = map_base_ = nullptr;
+  size_ = map_bytes_ = file_size_ = 0;
   unlink_ = false;
 }
 

@@ -32,7 +32,8 @@ class ScopedFd {
   int fd_ = -1;
 };
 
-// A mapping of a whole shared-memory segment. Not thread-safe to move;
+// A mapping of a shared-memory segment, whole or a range of it. Not
+// thread-safe to move;
 // the bytes themselves are shared with other processes.
 class ShmSegment {
  public:
@@ -51,11 +52,24 @@ class ShmSegment {
   static absl::StatusOr<ShmSegment> Open(const std::string& name,
                                          Access access = Access::kReadWrite);
 
-  // Maps the whole file behind descriptor `fd` (a memfd or a shm segment
-  // another process passed); `label` names it in errors and name(). Errors
-  // of Open. The descriptor may be closed afterwards.
+  // Opens an existing segment and maps only the OS pages that hold bytes
+  // [offset, offset + length) of it; data() then points at byte `offset`,
+  // size() is `length`, and file_size() and owner_uid() are read from the
+  // descriptor that was mapped. Returns InvalidArgument if length is 0 or the
+  // range is not within the segment, else as Open.
+  static absl::StatusOr<ShmSegment> OpenRange(const std::string& name,
+                                              uint64_t offset, uint64_t length,
+                                              Access access);
+
+  // Maps the whole file behind descriptor `fd` (a memfd or a segment
+  // another process passed), or bytes [offset, offset + length) of it;
+  // `label` names it in errors and name(). Errors of Open / OpenRange. The
+  // descriptor may be closed afterwards.
   static absl::StatusOr<ShmSegment> MapFd(int fd, const std::string& label,
                                           Access access);
+  static absl::StatusOr<ShmSegment> MapFdRange(int fd, const std::string& label,
+                                               uint64_t offset, uint64_t length,
+                                               Access access);
 
   // An empty segment that maps nothing.
   ShmSegment() = default;
@@ -66,9 +80,11 @@ class ShmSegment {
   const std::string& name() const { return name_; }
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The segment's size when it was mapped (size() unless OpenRange).
+  uint64_t file_size() const { return file_size_; }
   uid_t owner_uid() const { return owner_uid_; }
   gid_t owner_gid() const { return owner_gid_; }
-  mode_t mode() const { return mode_; }  // st_mode when opened
+  mode_t mode() const { return mode_; }  // st_mode when mapped
 
   // Touches every OS page with `threads` threads so that later copies do not
   // fault.
@@ -79,11 +95,25 @@ class ShmSegment {
   void Unlink();
 
  private:
+  // Open (whole) and OpenRange.
+  static absl::StatusOr<ShmSegment> OpenMapping(const std::string& name,
+                                                uint64_t offset,
+                                                uint64_t length, bool whole,
+                                                Access access);
+  // Every mapping: `fd` (whole, or [offset, offset + length)).
+  static absl::StatusOr<ShmSegment> MapDescriptor(int fd, const std::string& name,
+                                                  uint64_t offset, uint64_t length,
+                                                  bool whole, Access access);
   void Reset();
 
   std::string name_;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  // The mapping itself: OpenRange maps whole OS pages around [data_,
+  // data_ + size_).
+  uint8_t* map_base_ = nullptr;
+  uint64_t map_bytes_ = 0;
+  uint64_t file_size_ = 0;
   uid_t owner_uid_ = 0;
   gid_t owner_gid_ = 0;
   mode_t mode_ = 0;

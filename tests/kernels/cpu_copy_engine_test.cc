@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/layout_offsets.h"
+#include "tests/testing/status_matchers.h"
 
 namespace hostkv {
 namespace {
@@ -57,14 +58,14 @@ TEST_P(CopyLayersTest, CopiesEveryLayerAndReportsEachOnce) {
   CpuCopyEngine engine(&workers);
   std::mutex mu;
   std::multiset<uint32_t> done;
-  engine.CopyLayers(task_, 1, 5, [] { return true; }, [&](uint32_t layer) {
+  EXPECT_OK(engine.CopyLayers(task_, 1, 5, [] { return true; }, [&](uint32_t layer) {
     std::lock_guard<std::mutex> lock(mu);
     // Every earlier layer of the range is complete by now.
     for (uint32_t l = 1; l <= layer; ++l) {
       EXPECT_TRUE(RowMatches(1, l, 160 + 511, 511)) << "layer " << l;
     }
     done.insert(layer);
-  });
+  }));
   EXPECT_EQ((std::multiset<uint32_t>{1, 2, 3, 4}), done);
   for (uint32_t l = 0; l < g_.num_layers; ++l) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
@@ -80,9 +81,9 @@ TEST_P(CopyLayersTest, StopsWhenToldTo) {
   CpuCopyEngine engine(&workers);
   std::atomic<int> asked{0};
   std::atomic<int> reported{0};
-  engine.CopyLayers(
+  EXPECT_OK(engine.CopyLayers(
       task_, 0, g_.num_layers, [&] { return asked.fetch_add(1) < 2; },
-      [&](uint32_t) { reported.fetch_add(1); });
+      [&](uint32_t) { reported.fetch_add(1); }));
   EXPECT_LT(reported.load(), static_cast<int>(g_.num_layers));
   EXPECT_FALSE(RowMatches(0, g_.num_layers - 1, 160, 0));
 }
