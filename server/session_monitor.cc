@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/session_attach.h"
+#include "server/instance_lock.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
@@ -33,10 +34,7 @@ absl::StatusOr<ScopedFd> Listen(const std::string& path, mode_t mode,
     return absl::FailedPreconditionError(
         absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
   }
-  chmod(path.c_str(), mode);
-  if (gid != static_cast<gid_t>(-1) && chown(path.c_str(), -1, gid) != 0) {
-    spdlog::warn("cannot chown {} to gid {}: {}", path, gid, std::strerror(errno));
-  }
+  if (absl::Status s = SecureSocketPath(path, mode, gid); !s.ok()) return s;
   return fd;
 }
 
