@@ -6,6 +6,14 @@
 #include "server/pool_spec.h"
 
 namespace hostkv {
+namespace {
+
+// Zeroed per background batch: large enough that a big free is a few
+// memsets, small enough that an Allocate waiting for the batch in progress
+// waits ~1 ms.
+constexpr uint64_t kScrubBatchBytes = 8 << 20;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
     const v1::PoolSpec& spec, const PoolGeometry& geometry,
@@ -36,7 +44,12 @@ HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
       geometry_(geometry),
       segment_(std::move(segment)),
       reservation_(std::move(reservation)),
-      allocator_(geometry.num_pages()) {}
+      allocator_(geometry.num_pages(), [this](const PageRun& run) {
+        ZeroPages(geometry_, segment_.data(), run);
+      }) {
+  scrubber_ = std::make_unique<PageScrubber>(
+      &allocator_, PageScrubber::BatchPages(geometry_, kScrubBatchBytes));
+}
 
 v1::Pool HostPool::Describe() const {
   v1::Pool pool = info_;

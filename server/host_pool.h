@@ -15,13 +15,16 @@
 #include "server/gpu_backend.h"
 #include "server/memory_budget.h"
 #include "proto/contract/shm_segment.h"
+#include "server/page_scrubber.h"
 #include "server/slot_allocator.h"
 
 namespace hostkv {
 
 // Thread-safe: the geometry and segment are fixed after creation; the
 // allocator and counters synchronize themselves. The page bytes are written
-// by copies, ordered by the slot ownership rules of the callers.
+// by copies, ordered by the slot ownership rules of the callers, and zeroed
+// by the pool's PageScrubber between a Free and the next Allocate. A new
+// pool's segment is zero (a fresh shm object).
 class HostPool {
  public:
   // Creates the pool described by `spec` in a new shm segment named
@@ -87,8 +90,11 @@ class HostPool {
   std::atomic<uint64_t> loads_{0};
   std::atomic<uint64_t> backups_{0};
   v1::PoolOwner owner_;
-  // Declared last: unregistered before the segment is unmapped.
+  // Unregistered before the segment is unmapped.
   std::unique_ptr<PoolPinning> pinning_;
+  // Declared last: its thread stops (and stops writing to the segment)
+  // before anything else of the pool goes.
+  std::unique_ptr<PageScrubber> scrubber_;
 };
 
 // Pages of a pool pinned for a copy in flight (SlotAllocator::Pin): they

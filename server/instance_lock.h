@@ -1,10 +1,15 @@
 // Keeps two daemons off one socket: gRPC silently unlinks an existing socket
 // file before it binds, so the daemon holds an flock on "<socket>.lock".
+// Also the checks that keep another local user from steering the daemon
+// through its socket directory (planted symlinks, replaced entries).
 #ifndef HOSTKV_SERVER_INSTANCE_LOCK_H_
 #define HOSTKV_SERVER_INSTANCE_LOCK_H_
 
+#include <sys/types.h>
+
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/contract/shm_segment.h"
 
@@ -13,8 +18,14 @@ namespace hostkv {
 // Holds the lock until destroyed. Move-only.
 class InstanceLock {
  public:
-  // Creates the socket's directory (0750) if missing, then locks
-  // "<socket_path>.lock". FailedPrecondition if another daemon holds it.
+  // Creates the socket's directory (missing components 0750), then opens the
+  // directory itself without following a symlink and locks
+  // "<socket_path>.lock" inside it (created 0600, never through a symlink).
+  // FailedPrecondition, saying what is wrong and how to fix it, if the
+  // directory is a symlink, is owned by neither hostkvd's euid nor root, or
+  // is writable by group/others without the sticky bit (/tmp itself is
+  // fine); if the lock file is a symlink, not a regular file or not owned by
+  // hostkvd's euid; or if another daemon holds the lock.
   static absl::StatusOr<InstanceLock> Acquire(const std::string& socket_path);
 
  private:
@@ -22,11 +33,21 @@ class InstanceLock {
   ScopedFd fd_;
 };
 
+// Sets the mode (and the group, unless gid is -1) of the socket hostkvd has
+// just bound at `path`, without following a symlink: FailedPrecondition if
+// `path` is not a socket owned by hostkvd's euid (something was planted
+// there), else the chmod/chown error.
+absl::Status SecureSocketPath(const std::string& path, mode_t mode, gid_t gid);
+
 // The prefix of this daemon's shared-memory segments ("/hostkv.<id>."). A
-// Unix-socket daemon's id is a hash of its socket path, so the next daemon on
-// the same socket (which holds the instance lock) knows the segments of its
-// dead predecessor are stale, whatever its pid was (in a container it is
-// always 1). A TCP daemon's id is "p<pid>".
+// Unix-socket daemon's id is a hash of its socket's real path (realpath() of
+// the directory + "/" + the file name, so "./x.sock", "d/./x.sock" and the
+// absolute spelling agree), so the next daemon on the same socket (which
+// holds the instance lock) knows the segments of its dead predecessor are
+// stale, whatever its pid was (in a container it is always 1). A TCP
+// daemon's id is "p<pid>".
+// REQUIRES (for the real path): the socket's directory exists; otherwise the
+// path is hashed as spelled.
 std::string SegmentPrefix(const std::string& socket_path);
 
 // Removes segments left by dead daemons: every "/hostkv.<id>.*" of this

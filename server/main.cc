@@ -486,11 +486,7 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
         "cannot listen on ", o.listen, " (address in use or not permitted?)"));
   }
   if (!o.socket_path.empty()) {
-    if (chmod(o.socket_path.c_str(), o.socket_mode) != 0 ||
-        (o.socket_gid != static_cast<gid_t>(-1) &&
-         chown(o.socket_path.c_str(), -1, o.socket_gid) != 0)) {
-      spdlog::warn("cannot set the mode/group of {}", o.socket_path);
-    }
+    RETURN_IF_ERROR(SecureSocketPath(o.socket_path, o.socket_mode, o.socket_gid));
   } else if (o.auth_token.empty()) {
     spdlog::warn("listening on TCP {} without --auth_token_file: anyone who "
                  "can reach it can use it", o.listen);

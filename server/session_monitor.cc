@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/instance_lock.h"
 #include "spdlog/spdlog.h"
 
 #ifndef SO_PEERGROUPS
@@ -41,10 +42,7 @@ absl::StatusOr<ScopedFd> Listen(const std::string& path, mode_t mode,
     return absl::FailedPreconditionError(
         absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
   }
-  chmod(path.c_str(), mode);
-  if (gid != static_cast<gid_t>(-1) && chown(path.c_str(), -1, gid) != 0) {
-    spdlog::warn("cannot chown {} to gid {}: {}", path, gid, std::strerror(errno));
-  }
+  if (absl::Status s = SecureSocketPath(path, mode, gid); !s.ok()) return s;
   return fd;
 }
 

@@ -1,13 +1,15 @@
 #include "server/slot_allocator.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace hostkv {
 
-SlotAllocator::SlotAllocator(uint64_t num_pages)
+SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub)
     : num_pages_(num_pages),
+      scrub_(std::move(scrub)),
       owner_(num_pages, kNoOwner),
       in_flight_(num_pages, 0) {
   if (num_pages > 0) free_.emplace(0, num_pages);
@@ -20,10 +22,21 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
     return absl::InvalidArgumentError("cannot allocate 0 pages");
   }
   absl::MutexLock lock(&mu_);
-  if (num_pages > free_pages_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("pool full: ", num_pages, " pages requested, ",
-                     free_pages_, " of ", num_pages_, " free"));
+  while (num_pages > free_pages_) {
+    // Rechecked each time: others may take pages while mu_ is released.
+    if (num_pages > free_pages_ + scrubbing_pages_) return Exhausted(num_pages);
+    if (!pending_.empty()) {
+      ScrubLocked(num_pages - free_pages_);
+      continue;
+    }
+    // The rest is being zeroed by another thread (one batch at most).
+    // absl evaluates a condition with mu_ held, possibly on the thread that
+    // releases it, so no AssertHeld() in here.
+    auto progress = [this, num_pages]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return num_pages <= free_pages_ || !pending_.empty() ||
+             num_pages > free_pages_ + scrubbing_pages_;
+    };
+    mu_.Await(absl::Condition(&progress));
   }
   std::vector<PageRun> runs;
   uint64_t left = num_pages;
@@ -46,6 +59,69 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
   free_pages_ -= num_pages;
   usage_[owner] += num_pages;
   return runs;
+}
+
+absl::Status SlotAllocator::Exhausted(uint64_t requested) const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("pool full: ", requested, " pages requested, ",
+                   free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
+}
+
+void SlotAllocator::Release(uint64_t first, uint64_t count) {
+  if (scrub_ == nullptr) {
+    InsertFreeExtent(first, count);
+    free_pages_ += count;
+    return;
+  }
+  pending_.push_back({first, count});
+  scrubbing_pages_ += count;
+}
+
+uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
+  std::vector<PageRun> runs;
+  uint64_t pages = 0;
+  while (pages < max_pages && !pending_.empty()) {
+    PageRun& front = pending_.front();
+    const uint64_t take = std::min(front.num_pages, max_pages - pages);
+    runs.push_back({front.first_page, take});
+    pages += take;
+    if (take == front.num_pages) {
+      pending_.pop_front();
+    } else {
+      front.first_page += take;
+      front.num_pages -= take;
+    }
+  }
+  // The pages are neither free nor owned: nobody else touches them while
+  // they are zeroed without the lock.
+  mu_.Unlock();
+  for (const PageRun& run : runs) scrub_(run);
+  mu_.Lock();
+  for (const PageRun& run : runs) InsertFreeExtent(run.first_page, run.num_pages);
+  free_pages_ += pages;
+  scrubbing_pages_ -= pages;
+  return pages;
+}
+
+bool SlotAllocator::ScrubPending(uint64_t max_pages) {
+  absl::MutexLock lock(&mu_);
+  auto work = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // as in Allocate
+    return stopped_ || !pending_.empty();
+  };
+  mu_.Await(absl::Condition(&work));
+  if (stopped_) return false;
+  ScrubLocked(std::max<uint64_t>(max_pages, 1));
+  return true;
+}
+
+void SlotAllocator::StopScrubbing() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+}
+
+uint64_t SlotAllocator::scrubbing_pages() const {
+  absl::MutexLock lock(&mu_);
+  return scrubbing_pages_;
 }
 
 absl::Status SlotAllocator::CheckRange(const PageRun& run) const {
@@ -169,10 +245,7 @@ absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
     }
     freed += run.num_pages;
   }
-  for (const PageRun& run : runs) {
-    InsertFreeExtent(run.first_page, run.num_pages);
-  }
-  free_pages_ += freed;
+  for (const PageRun& run : runs) Release(run.first_page, run.num_pages);
   if ((usage_[owner] -= freed) == 0) {
     usage_.erase(owner);
     span_.erase(owner);
@@ -214,9 +287,8 @@ uint64_t SlotAllocator::FreeAllOwnedBy(OwnerTag owner) {
     }
     const uint64_t first = p;
     while (p <= span.last && owner_[p] == owner) owner_[p++] = kNoOwner;
-    InsertFreeExtent(first, p - first);
+    Release(first, p - first);
   }
-  free_pages_ += pages;
   return pages;
 }
 
@@ -230,7 +302,7 @@ void SlotAllocator::Extend(OwnerTag owner, uint64_t first, uint64_t last) {
 
 uint64_t SlotAllocator::free_pages() const {
   absl::MutexLock lock(&mu_);
-  return free_pages_;
+  return free_pages_ + scrubbing_pages_;
 }
 
 uint64_t SlotAllocator::pages_owned_by(OwnerTag owner) const {
@@ -246,7 +318,7 @@ absl::flat_hash_map<OwnerTag, uint64_t> SlotAllocator::UsageByOwner() const {
 
 SlotAllocator::Occupancy SlotAllocator::Snapshot() const {
   absl::MutexLock lock(&mu_);
-  return Occupancy{free_pages_, usage_};
+  return Occupancy{free_pages_ + scrubbing_pages_, usage_};
 }
 
 size_t SlotAllocator::free_extents() const {

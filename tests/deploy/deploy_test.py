@@ -9,8 +9,10 @@ manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
   - its arguments (and HOSTKVD_* variables) name only flags that
     `hostkvd --helpfull` lists; byte sizes parse as hostkvd parses them;
   - --listen is unix:PATH and dirname(PATH) is the mount path of the shared
-    socket volume, in the daemon and in every engine container (same volume
-    in a pod, same hostPath across pods, same named volume in Compose), and
+    socket volume (for an emptyDir, a subdirectory of it: hostkvd refuses a
+    world-writable non-sticky socket directory and creates that one 0750),
+    in the daemon and in every engine container (same volume in a pod, same
+    hostPath across pods, same named volume in Compose), and
     the engine's HOSTKV_TARGET is unix:PATH;
   - /dev/shm is shared: the same memory-backed emptyDir in both containers of
     a pod, hostIPC + hostPath /dev/shm in both pods, ipc: shareable /
@@ -465,11 +467,23 @@ def shm_source(spec, container, where):
 
 def socket_source(spec, container, socket_dir, where):
     mounts = mounts_at(container, socket_dir)
+    # An emptyDir is world-writable without the sticky bit, which hostkvd refuses as
+    # its socket directory (others could replace the socket): the socket goes in a
+    # subdirectory of the emptyDir, which hostkvd creates 0750.
+    in_subdir = False
+    if not mounts:
+        up = mounts_at(container, os.path.dirname(socket_dir))
+        if len(up) == 1 and "emptyDir" in (volume(spec, up[0]["name"]) or {}):
+            mounts, in_subdir = up, True
     if not F.check(len(mounts) == 1, where,
                    f"mounts nothing at {socket_dir} (the directory of the socket)"):
         return None
     v = volume(spec, mounts[0]["name"]) or {}
     if "emptyDir" in v:
+        F.check(in_subdir, where,
+                f"the socket directory {socket_dir} is an emptyDir (world-writable, no "
+                f"sticky bit: hostkvd refuses it); put the socket in a subdirectory "
+                f"hostkvd creates, e.g. {socket_dir}/hostkvd/hostkvd.sock")
         return ("emptyDir", v["name"])
     if "hostPath" in v:
         return ("hostPath", v["hostPath"].get("path"))

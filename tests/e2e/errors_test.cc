@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "hostkv/client.h"
 #include "hostkv/shm_device_buffer.h"
@@ -71,6 +72,42 @@ TEST_F(ErrorsTest, OversizedMessageIsRefusedByTheTransport) {
   const std::string huge(3 << 20, 'x');  // over --max_page_io + 1 MiB
   EXPECT_ERROR(ResourceExhausted, alice_->WritePages("p", *pages, huge));
   EXPECT_ERROR(InvalidArgument, alice_->WritePages("p", *pages, "short"));
+}
+
+// Freed pages are zeroed before anyone gets them again: Bob, allocating the
+// whole pool after Alice wrote every page and freed it (or her session
+// ended), reads back only zeros.
+TEST_F(ErrorsTest, FreedPagesComeBackZeroedToAnotherSession) {
+  for (const bool end_session : {false, true}) {
+    auto alice = Client::Connect(daemon_.target(), "alice2");
+    ASSERT_OK(alice);
+    auto pages = (*alice)->Alloc("p", 1024);  // the whole pool
+    ASSERT_OK(pages);
+    auto zeros = (*alice)->ReadPages("p", *pages);
+    ASSERT_OK(zeros);
+    ASSERT_FALSE(zeros->empty());
+    const std::string secret(zeros->size(), '\xA5');
+    ASSERT_OK((*alice)->WritePages("p", *pages, secret));
+    auto written = (*alice)->ReadPages("p", *pages);
+    ASSERT_OK(written);
+    ASSERT_EQ(secret, *written);
+    if (end_session) {
+      alice->reset();  // Close: the daemon frees her pages
+    } else {
+      ASSERT_OK((*alice)->Free("p", *pages));
+    }
+    absl::StatusOr<std::vector<PageRange>> mine;
+    for (int i = 0; i < 500; ++i) {  // a closed session frees asynchronously
+      mine = bob_->Alloc("p", 1024);
+      if (mine.ok()) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_OK(mine);
+    auto read = bob_->ReadPages("p", *mine);
+    ASSERT_OK(read);
+    EXPECT_EQ(std::string(secret.size(), '\0'), *read) << end_session;
+    ASSERT_OK(bob_->Free("p", *mine));
+  }
 }
 
 TEST_F(ErrorsTest, DaemonKeepsServingAfterBadRequests) {

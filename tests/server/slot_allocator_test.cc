@@ -1,6 +1,12 @@
 #include "server/slot_allocator.h"
 
+#include <atomic>
+#include <thread>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -179,6 +185,131 @@ TEST(SlotAllocatorChurnTest, RandomAllocFreeKeepsCountsConsistent) {
   for (const auto& runs : held) ASSERT_OK(alloc.Free(runs, 1));
   EXPECT_EQ(1000u, alloc.free_pages());
   EXPECT_EQ(1u, alloc.free_extents());
+}
+
+// With a ScrubFn: freed pages are zeroed (here: recorded) before reuse.
+class ScrubbingAllocatorTest : public ::testing::Test {
+ protected:
+  std::vector<PageRun> Scrubbed() {
+    absl::MutexLock lock(&mu_);
+    return scrubbed_;
+  }
+  absl::Mutex mu_;
+  std::vector<PageRun> scrubbed_ ABSL_GUARDED_BY(mu_);
+  SlotAllocator alloc_{100, [this](const PageRun& run) {
+                         absl::MutexLock lock(&mu_);
+                         scrubbed_.push_back(run);
+                       }};
+};
+
+TEST_F(ScrubbingAllocatorTest, FreedPagesScrubBeforeReuseAndCountAsFree) {
+  ASSERT_OK(alloc_.Allocate(100, kAlice));
+  ASSERT_OK(alloc_.Free({{10, 5}}, kAlice));
+  EXPECT_EQ(95u, alloc_.FreeAllOwnedBy(kAlice));  // [0,10) and [15,100)
+  EXPECT_EQ(100u, alloc_.scrubbing_pages());
+  EXPECT_EQ(100u, alloc_.free_pages());
+  const SlotAllocator::Occupancy occupancy = alloc_.Snapshot();
+  EXPECT_EQ(100u, occupancy.free_pages);
+  EXPECT_TRUE(occupancy.usage.empty());
+  EXPECT_EQ(0u, alloc_.free_extents());  // nothing zeroed yet
+  EXPECT_TRUE(Scrubbed().empty());       // Free itself zeroes nothing
+
+  // Allocate zeroes (inline, no background thread here) what it takes.
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(7, kBob);
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<PageRun>{{10, 5}, {0, 2}}), Scrubbed());
+  EXPECT_EQ((std::vector<PageRun>{{0, 2}, {10, 5}}), *runs);
+  EXPECT_EQ(93u, alloc_.free_pages());
+  EXPECT_EQ(93u, alloc_.scrubbing_pages());
+  EXPECT_EQ(7u, alloc_.pages_owned_by(kBob));
+}
+
+TEST_F(ScrubbingAllocatorTest, ZeroedPagesAreTakenFirst) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  ASSERT_OK(alloc_.Free({{0, 10}}, kAlice));
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(90, kBob);
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<PageRun>{{10, 90}}), *runs);  // never-used pages
+  EXPECT_TRUE(Scrubbed().empty());
+}
+
+TEST_F(ScrubbingAllocatorTest, ExhaustionCountsScrubbingPagesAndIsExact) {
+  ASSERT_OK(alloc_.Allocate(95, kAlice));
+  ASSERT_OK(alloc_.Free({{0, 3}}, kAlice));  // 5 free + 3 scrubbing
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(9, kBob);
+  EXPECT_ERROR(ResourceExhausted, runs);
+  EXPECT_EQ("pool full: 9 pages requested, 8 of 100 free", runs.status().message());
+  EXPECT_TRUE(Scrubbed().empty());  // nothing zeroed for a refused request
+  EXPECT_EQ(8u, alloc_.free_pages());
+  EXPECT_OK(alloc_.Allocate(8, kBob));  // free + scrubbing suffice
+}
+
+TEST(ScrubbingAllocatorWaitTest, AllocateWaitsForTheBatchBeingScrubbed) {
+  absl::Notification scrubbing, release;
+  SlotAllocator alloc(10, [&](const PageRun&) {
+    scrubbing.Notify();
+    release.WaitForNotification();
+  });
+  ASSERT_OK(alloc.Allocate(10, kAlice));
+  EXPECT_EQ(10u, alloc.FreeAllOwnedBy(kAlice));
+  // The background scrubber takes every pending page and is slow.
+  std::thread scrubber([&] { EXPECT_TRUE(alloc.ScrubPending(100)); });
+  scrubbing.WaitForNotification();
+  EXPECT_EQ(10u, alloc.free_pages());
+  std::atomic<bool> done{false};
+  std::thread client([&] {
+    EXPECT_OK(alloc.Allocate(4, kBob));  // nothing pending: waits
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(done.load());
+  // Exhaustion is still decided at once, without waiting.
+  EXPECT_ERROR(ResourceExhausted, alloc.Allocate(11, kBob));
+  release.Notify();
+  client.join();
+  scrubber.join();
+  EXPECT_TRUE(done.load());
+  EXPECT_EQ(4u, alloc.pages_owned_by(kBob));
+  EXPECT_EQ(6u, alloc.free_pages());
+  EXPECT_EQ(0u, alloc.scrubbing_pages());
+  alloc.StopScrubbing();
+  EXPECT_FALSE(alloc.ScrubPending(100));
+}
+
+TEST(ScrubbingAllocatorChurnTest, ConcurrentAllocFreeWithScrubberKeepsCounts) {
+  SlotAllocator alloc(256, [](const PageRun&) {});
+  std::thread scrubber([&] {
+    while (alloc.ScrubPending(3)) {
+    }
+  });
+  std::vector<std::thread> clients;
+  for (OwnerTag owner = 1; owner <= 4; ++owner) {
+    clients.emplace_back([&alloc, owner] {
+      uint64_t seed = owner;
+      for (int i = 0; i < 2000; ++i) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        auto runs = alloc.Allocate(1 + (seed >> 40) % 60, owner);
+        if (!runs.ok()) {
+          EXPECT_ERROR(ResourceExhausted, runs);
+          continue;
+        }
+        if ((seed >> 33) % 2 == 0) {
+          EXPECT_OK(alloc.Free(*runs, owner));
+        } else {
+          alloc.FreeAllOwnedBy(owner);
+        }
+        const SlotAllocator::Occupancy o = alloc.Snapshot();
+        uint64_t used = 0;
+        for (const auto& [tag, pages] : o.usage) used += pages;
+        EXPECT_EQ(256u, o.free_pages + used);
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  alloc.StopScrubbing();
+  scrubber.join();
+  EXPECT_EQ(256u, alloc.free_pages());
+  EXPECT_TRUE(alloc.UsageByOwner().empty());
 }
 
 }  // namespace
