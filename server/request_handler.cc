@@ -138,6 +138,13 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
         "descriptors are taken only from the session's own peer");
   }
   RETURN_IF_ERROR(CheckSealedMemfd(fd.get()));
+  uint64_t held = 0;
+  for (const std::shared_ptr<Session>& s : sessions_->List()) held += s->passed_fds();
+  if (held >= limits_.max_passed_fds) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon holds ", held, " passed descriptors, the most its "
+        "descriptor limit leaves room for; raise `ulimit -n` for hostkvd"));
+  }
   ASSIGN_OR_RETURN(const uint64_t handle,
                    session->AddPassedFd(std::move(fd),
                                         limits_.max_imports_per_session));

@@ -40,6 +40,10 @@ struct RequestLimits {
   uint64_t max_import_bytes_per_session = 1ull << 40;
   // Imports of all attached sessions of one uid together.
   uint32_t max_imports_per_uid = 1024;
+  // Descriptors passed over session sockets that the daemon holds, all
+  // sessions together (main.cc: a quarter of the descriptor limit, so that
+  // gRPC never runs out).
+  uint32_t max_passed_fds = 4096;
   // Who may use the pools sessions create (PoolOwner.access).
   v1::PoolAccess pool_access = v1::POOL_ACCESS_OWNER;
   // Shared-memory names may also belong to another uid if the segment is

@@ -1,0 +1,304 @@
+#include "server/daemon_options.h"
+
+#include <grp.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "proto/contract/status_macros.h"
+#include "server/byte_size.h"
+#include "server/logging.h"
+#include "server/pool_access.h"
+
+ABSL_FLAG(std::string, listen, "unix:/run/hostkv/hostkvd.sock",
+          "gRPC address: unix:PATH (default; the socket gets --socket_mode and "
+          "--socket_group), tcp:PORT (127.0.0.1:PORT) or HOST:PORT (TCP on "
+          "that interface)");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "permissions of the Unix sockets (PATH and PATH.session)");
+ABSL_FLAG(std::string, socket_group, "",
+          "group of the Unix sockets (default: the daemon's)");
+ABSL_FLAG(absl::Duration, session_lease, absl::Seconds(30),
+          "a session without an attached session socket ends after this long "
+          "without a request");
+ABSL_FLAG(bool, allow_unverified_shm_names, false,
+          "let sessions whose peer is unknown (no session socket, e.g. TCP) "
+          "register shared-memory buffers by name; only for trusted "
+          "single-user setups");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a shared token; every call must then carry "
+          "'authorization: Bearer <token>' (meant for TCP)");
+ABSL_FLAG(bool, health_probe_without_token, false,
+          "with --auth_token_file, let grpc.health.v1 Check of \"\" (the whole "
+          "server) answer without the token, for kubelet/docker probes; every "
+          "other service name still needs it");
+ABSL_FLAG(int, max_health_watches, 64,
+          "most concurrent grpc.health.v1 Watch streams (each holds a server "
+          "thread); more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, memory_budget, "0",
+          "most host memory all pools together may take (e.g. 64GiB); 0 = as "
+          "much as is available minus --memory_reserve");
+ABSL_FLAG(std::string, memory_reserve, "10GiB",
+          "host memory always left to the rest of the node (SGLang keeps 10 "
+          "GiB)");
+ABSL_FLAG(std::string, config, "",
+          "text-format hostkv.v1.DaemonConfig file: pools created at start, "
+          "and flags by name (overridden by HOSTKVD_<FLAG> environment "
+          "variables, which the command line overrides)");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, log_format, "text",
+          "text, or json (one object per line) for log collectors");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT serving Prometheus /metrics (e.g. 0.0.0.0:9464); empty = "
+          "no metrics endpoint");
+ABSL_FLAG(int, copy_threads, 0,
+          "threads copying pages on the CPU backend (0 = one per core but "
+          "one, which is left to the gRPC threads)");
+ABSL_FLAG(int, signal_records, 256,
+          "completion records per session: the most operations one session "
+          "may have in flight");
+ABSL_FLAG(std::string, max_page_io, "64MiB",
+          "most page bytes one ReadPages/WritePages call may move");
+ABSL_FLAG(std::string, cuda, "auto",
+          "CUDA backend: auto (use it when a GPU is found), on (fail without "
+          "one), off (CPU backend only)");
+ABSL_FLAG(std::string, pin_chunk, "1GiB",
+          "pools are registered with CUDA in chunks of about this size");
+ABSL_FLAG(int, max_sessions, 4096, "sessions open at once, all users together");
+ABSL_FLAG(int, max_sessions_per_uid, 256,
+          "sessions one uid may have open (attached over the session socket)");
+ABSL_FLAG(int, max_unattached_sessions, 64,
+          "sessions without a session socket (TCP or raw gRPC clients, whose "
+          "user is unknown) open at once");
+ABSL_FLAG(int, max_session_connections, 8192,
+          "connections to the session socket, all users together");
+ABSL_FLAG(int, max_session_connections_per_uid, 512,
+          "connections to the session socket per uid");
+ABSL_FLAG(absl::Duration, attach_timeout, absl::Seconds(10),
+          "a session-socket connection that opened or attached no session by "
+          "then is closed");
+ABSL_FLAG(int, max_imports_per_session, 64,
+          "device-buffer registrations (and passed descriptors) per session");
+ABSL_FLAG(std::string, max_import_bytes_per_session, "1TiB",
+          "device bytes one session's registrations may cover (the daemon "
+          "maps them)");
+ABSL_FLAG(int, max_imports_per_uid, 1024,
+          "device-buffer registrations of all sessions of one uid");
+ABSL_FLAG(int, max_pools_per_uid, 16,
+          "pools one uid may own (--config pools do not count)");
+ABSL_FLAG(std::string, max_pool_bytes_per_uid, "0",
+          "host memory the pools of one uid may take (0 = only "
+          "--memory_budget caps; set it on nodes shared by several users)");
+ABSL_FLAG(std::string, pool_access, "owner",
+          "who may use a pool a session creates: owner (its uid, and root), "
+          "group (also members of its creator's primary group) or any");
+ABSL_FLAG(std::string, config_pool_access, "group",
+          "who may use the --config pools: owner (the daemon's uid, and root), "
+          "group (members of --socket_group, or of the daemon's group) or any");
+ABSL_FLAG(std::string, shm_group, "",
+          "also accept shared-memory device buffers of other uids that are "
+          "group read-write in this group, from session peers in it");
+ABSL_FLAG(int, kernel_blocks, 0,
+          "thread blocks per copy-kernel launch (0 = the kernel's default, "
+          "16: few, as they share the GPU with the engine's kernels)");
+
+namespace hostkv {
+namespace {
+
+const std::vector<std::string> kFlagNames = {
+    "listen",        "socket_mode",     "socket_group",   "session_lease",
+    "allow_unverified_shm_names",       "auth_token_file", "memory_budget",
+    "memory_reserve", "log_level",      "log_format",     "metrics_listen",
+    "copy_threads",  "signal_records",  "max_page_io",    "cuda",
+    "pin_chunk",     "kernel_blocks",   "max_sessions",   "max_sessions_per_uid",
+    "max_unattached_sessions",          "max_session_connections",
+    "max_session_connections_per_uid",  "attach_timeout",
+    "max_imports_per_session",          "max_import_bytes_per_session",
+    "max_imports_per_uid",              "max_pools_per_uid",
+    "max_pool_bytes_per_uid",           "pool_access",
+    "config_pool_access",               "shm_group",
+    "health_probe_without_token",       "max_health_watches"};
+
+
+
+absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": ", bytes.status().message()));
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream file(path);
+  std::string token;
+  if (!file || !std::getline(file, token) || token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_token_file ", path, ": cannot read a token"));
+  }
+  return token;
+}
+
+absl::StatusOr<gid_t> ResolveGroup(const std::string& name,
+                                   const char* flag = "socket_group") {
+  if (name.empty()) return static_cast<gid_t>(-1);
+  uint32_t number = 0;
+  if (absl::SimpleAtoi(name, &number)) return static_cast<gid_t>(number);
+  const group* g = getgrnam(name.c_str());
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": no group named '", name, "'"));
+  }
+  return g->gr_gid;
+}
+
+// A positive int flag as uint32, or InvalidArgument naming it.
+absl::StatusOr<uint32_t> CountFlag(const char* name, int value, int min = 1) {
+  if (value < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be at least ", min, ", got ", value));
+  }
+  return static_cast<uint32_t>(value);
+}
+
+absl::Status ReadTenantLimits(DaemonOptions& o) {
+  ASSIGN_OR_RETURN(o.sessions.max_sessions,
+                   CountFlag("max_sessions", absl::GetFlag(FLAGS_max_sessions)));
+  ASSIGN_OR_RETURN(o.sessions.max_sessions_per_uid,
+                   CountFlag("max_sessions_per_uid",
+                             absl::GetFlag(FLAGS_max_sessions_per_uid)));
+  ASSIGN_OR_RETURN(o.sessions.max_unattached_sessions,
+                   CountFlag("max_unattached_sessions",
+                             absl::GetFlag(FLAGS_max_unattached_sessions), 0));
+  ASSIGN_OR_RETURN(o.connections.max_connections,
+                   CountFlag("max_session_connections",
+                             absl::GetFlag(FLAGS_max_session_connections)));
+  ASSIGN_OR_RETURN(o.connections.max_connections_per_uid,
+                   CountFlag("max_session_connections_per_uid",
+                             absl::GetFlag(FLAGS_max_session_connections_per_uid)));
+  o.connections.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
+  if (o.connections.attach_timeout < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError("--attach_timeout must be at least 100ms");
+  }
+  ASSIGN_OR_RETURN(o.limits.max_imports_per_session,
+                   CountFlag("max_imports_per_session",
+                             absl::GetFlag(FLAGS_max_imports_per_session)));
+  ASSIGN_OR_RETURN(o.limits.max_import_bytes_per_session,
+                   ByteFlag("max_import_bytes_per_session",
+                            absl::GetFlag(FLAGS_max_import_bytes_per_session)));
+  ASSIGN_OR_RETURN(o.limits.max_imports_per_uid,
+                   CountFlag("max_imports_per_uid",
+                             absl::GetFlag(FLAGS_max_imports_per_uid)));
+  ASSIGN_OR_RETURN(o.quota.max_pools_per_uid,
+                   CountFlag("max_pools_per_uid",
+                             absl::GetFlag(FLAGS_max_pools_per_uid), 0));
+  ASSIGN_OR_RETURN(o.quota.max_pool_bytes_per_uid,
+                   ByteFlag("max_pool_bytes_per_uid",
+                            absl::GetFlag(FLAGS_max_pool_bytes_per_uid)));
+  absl::StatusOr<v1::PoolAccess> access =
+      ParsePoolAccess(absl::GetFlag(FLAGS_pool_access));
+  if (!access.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pool_access: ", access.status().message()));
+  }
+  o.limits.pool_access = *access;
+  access = ParsePoolAccess(absl::GetFlag(FLAGS_config_pool_access));
+  if (!access.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config_pool_access: ", access.status().message()));
+  }
+  o.config_pool_access = *access;
+  ASSIGN_OR_RETURN(const gid_t shm_group,
+                   ResolveGroup(absl::GetFlag(FLAGS_shm_group), "shm_group"));
+  if (shm_group != static_cast<gid_t>(-1)) o.limits.shm_group = shm_group;
+  return absl::OkStatus();
+}
+
+absl::Status ResolveAddress(DaemonOptions& o) {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  // "tcp:PORT" means loopback; everything else is used as given.
+  o.listen = absl::StartsWith(listen, "tcp:") ? "127.0.0.1:" + listen.substr(4)
+                                              : listen;
+  if (absl::StartsWith(o.listen, "unix:")) o.socket_path = o.listen.substr(5);
+  if (!absl::numbers_internal::safe_strtou32_base(absl::GetFlag(FLAGS_socket_mode),
+                                                  &o.socket_mode, 8) ||
+      o.socket_mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket_mode: '", absl::GetFlag(FLAGS_socket_mode),
+        "' is not an octal mode such as 0660"));
+  }
+  ASSIGN_OR_RETURN(o.socket_gid, ResolveGroup(absl::GetFlag(FLAGS_socket_group)));
+  ASSIGN_OR_RETURN(o.auth_token, ReadToken(absl::GetFlag(FLAGS_auth_token_file)));
+  o.health.auth_token = o.auth_token;
+  o.health.probe_without_token = absl::GetFlag(FLAGS_health_probe_without_token);
+  o.health.max_watches = absl::GetFlag(FLAGS_max_health_watches);
+  if (o.health.max_watches < 0 || o.health.max_watches > 65536) {
+    return absl::InvalidArgumentError("--max_health_watches must be in [0, 65536]");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
+  DaemonOptions o;
+  RETURN_IF_ERROR(ResolveAddress(o));
+  ASSIGN_OR_RETURN(o.budget, ByteFlag("memory_budget", absl::GetFlag(FLAGS_memory_budget)));
+  ASSIGN_OR_RETURN(o.reserve, ByteFlag("memory_reserve", absl::GetFlag(FLAGS_memory_reserve)));
+  ASSIGN_OR_RETURN(o.limits.max_page_io_bytes,
+                   ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io)));
+  o.limits.reserved_segment_prefix = "/hostkv.";
+  o.limits.allow_unverified_shm_names = absl::GetFlag(FLAGS_allow_unverified_shm_names);
+  o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
+  RETURN_IF_ERROR(ReadTenantLimits(o));
+  if (o.limits.session_lease < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--session_lease must be at least 1s");
+  }
+  o.signal_records = absl::GetFlag(FLAGS_signal_records);
+  if (o.signal_records < 1 || o.signal_records > 65536) {
+    return absl::InvalidArgumentError("--signal_records must be in [1, 65536]");
+  }
+  o.cuda = absl::GetFlag(FLAGS_cuda);
+  if (o.cuda != "auto" && o.cuda != "on" && o.cuda != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda: '", o.cuda, "' is not one of auto, on, off"));
+  }
+  ASSIGN_OR_RETURN(o.gpu.pin_chunk_bytes,
+                   ByteFlag("pin_chunk", absl::GetFlag(FLAGS_pin_chunk)));
+  if (o.gpu.pin_chunk_bytes == 0) {
+    return absl::InvalidArgumentError("--pin_chunk must be positive");
+  }
+  const int blocks = absl::GetFlag(FLAGS_kernel_blocks);
+  if (blocks < 0 || blocks > 65535) {
+    return absl::InvalidArgumentError("--kernel_blocks must be in [0, 65535]");
+  }
+  o.gpu.kernel_blocks = static_cast<unsigned>(blocks);
+  const int threads = absl::GetFlag(FLAGS_copy_threads);
+  // Copies saturate memory bandwidth with few threads; a core left free keeps
+  // the replies and the layer signals from waiting for a CPU.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  o.copy_threads = threads > 0 ? static_cast<unsigned>(threads)
+                               : std::max(1u, cores - 1);
+  o.config_path = absl::GetFlag(FLAGS_config);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  return o;
+}
+
+
+const std::vector<std::string>& DaemonFlagNames() { return kFlagNames; }
+
+absl::Status SetUpLoggingFromFlags() {
+  return SetUpLogging(absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_format));
+}
+
+}  // namespace hostkv

@@ -1,0 +1,56 @@
+// hostkvd's flags: their definitions, and the checked options they make.
+#ifndef HOSTKV_SERVER_DAEMON_OPTIONS_H_
+#define HOSTKV_SERVER_DAEMON_OPTIONS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "hostkv/v1/hostkv.pb.h"
+#include "server/gpu_backend.h"
+#include "server/health_service.h"
+#include "server/pool_registry.h"
+#include "server/request_handler.h"
+#include "server/session_monitor.h"
+#include "server/session_registry.h"
+
+namespace hostkv {
+
+// Everything the flags say, checked.
+struct DaemonOptions {
+  std::string listen;       // resolved gRPC address
+  std::string socket_path;  // empty for TCP
+  uint32_t socket_mode = 0660;
+  gid_t socket_gid = static_cast<gid_t>(-1);
+  std::string auth_token;
+  HealthOptions health;
+  uint64_t budget = 0;
+  uint64_t reserve = 0;
+  unsigned copy_threads = 1;
+  RequestLimits limits;
+  int signal_records = 256;
+  std::string cuda = "auto";
+  GpuBackendOptions gpu;
+  SessionLimits sessions;
+  ConnectionLimits connections;
+  PoolQuota quota;
+  v1::PoolAccess config_pool_access = v1::POOL_ACCESS_GROUP;
+  std::string config_path;     // --config
+  std::string metrics_listen;  // --metrics_listen
+};
+
+// Every flag by name, for the config file and HOSTKVD_<FLAG> sources.
+const std::vector<std::string>& DaemonFlagNames();
+
+// The parsed flags, checked; InvalidArgument naming the flag otherwise.
+absl::StatusOr<DaemonOptions> ReadDaemonOptions();
+
+// Sets up logging from --log_level and --log_format.
+absl::Status SetUpLoggingFromFlags();
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_DAEMON_OPTIONS_H_
