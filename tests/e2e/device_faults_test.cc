@@ -19,6 +19,7 @@
 #include "hostkv/shm_device_buffer.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sanitizers.h"
 
 namespace hostkv {
 namespace {
@@ -101,6 +102,7 @@ class DeviceFaultsTest : public ::testing::Test {
 };
 
 TEST_F(DeviceFaultsTest, TruncatedSegmentFailsTheOperationNotTheDaemon) {
+  if (::hostkv::testing::kThreadSanitizer) GTEST_SKIP() << ::hostkv::testing::kNoFaultGuardUnderTsan;
   auto device = ShmDeviceBuffer::Create(4 * kBufferBytes);
   ASSERT_OK(device);
   auto import = Register(*alice_, *device);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu_copy_engine.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sanitizers.h"
 
 namespace hostkv {
 namespace {
@@ -57,6 +58,7 @@ void ReadByte(void* arg) {
 }
 
 TEST(FaultGuardTest, GuardedReadOfTruncatedMappingReturnsTheFault) {
+  if (::hostkv::testing::kThreadSanitizer) GTEST_SKIP() << ::hostkv::testing::kNoFaultGuardUnderTsan;
   TruncatedMapping mapping(2);
   ReadArgs args{mapping.data() + 100, 0};
   const GuardedFault fault = RunGuarded(&ReadByte, &args);
@@ -73,6 +75,7 @@ TEST(FaultGuardTest, GuardedReadOfTruncatedMappingReturnsTheFault) {
 }
 
 TEST(FaultGuardTest, GuardsEachThreadOnItsOwn) {
+  if (::hostkv::testing::kThreadSanitizer) GTEST_SKIP() << ::hostkv::testing::kNoFaultGuardUnderTsan;
   TruncatedMapping mapping(1);
   std::atomic<int> faults{0};
   std::vector<std::thread> threads;
@@ -113,6 +116,7 @@ TEST(FaultGuardDeathTest, UnguardedFaultStillKills) {
 }
 
 TEST(FaultGuardTest, CopyLayersFailsWithDataLossWhenTheDeviceBufferVanishes) {
+  if (::hostkv::testing::kThreadSanitizer) GTEST_SKIP() << ::hostkv::testing::kNoFaultGuardUnderTsan;
   PoolGeometry g;
   g.attention = Attention::kMla;
   g.layout = HostLayout::kLayerFirst;

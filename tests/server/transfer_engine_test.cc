@@ -26,6 +26,7 @@
 #include "server/pool_registry.h"
 #include "server/signal_board.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sanitizers.h"
 
 namespace hostkv {
 namespace {
@@ -371,6 +372,7 @@ TEST_F(TransferEngineTest, AbandonFinishesQueuedOpsAsFailedAtOnce) {
 // A client truncates the segment of its device buffers: its operations fail,
 // the engine and the other sessions carry on.
 TEST_F(TransferEngineTest, TruncatedDeviceBufferFailsOnlyThatSessionsOps) {
+  if (::hostkv::testing::kThreadSanitizer) GTEST_SKIP() << ::hostkv::testing::kNoFaultGuardUnderTsan;
   SessionRig& a = AddSession();
   SessionRig& b = AddSession();
   ASSERT_EQ(0, ftruncate(a.fd, 0));
