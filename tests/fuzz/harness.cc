@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "server/pool_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace hostkv::fuzz {
@@ -180,8 +182,22 @@ void Harness::Quiesce() {
   outstanding_ = 0;
 }
 
-// Closes every session, then deletes the pools the input created from a
-// session attached as root (only the owner or root may).
+// Whether `pool` is a base pool as SetUp creates it. An input may have
+// deleted one and created another of that name, with another owner or spec.
+bool Harness::IsIntactBasePool(const HostPool& pool) const {
+  for (int i = 0; i < 2; ++i) {
+    if (pool.name() != kBasePools[i]) continue;
+    return google::protobuf::util::MessageDifferencer::Equals(pool.owner(),
+                                                              BaseOwner(i)) &&
+           google::protobuf::util::MessageDifferencer::Equals(
+               pool.info().spec(), NormalizePoolSpec(BaseSpec(i)));
+  }
+  return false;
+}
+
+// Closes every session, then deletes the pools the input created (and base
+// pools it replaced) from a session attached as root (only the owner or
+// root may).
 void Harness::TearDown() {
   Quiesce();
   while (!live_.empty()) CloseLive(live_.size() - 1, /*expect_ok=*/true);
@@ -192,7 +208,7 @@ void Harness::TearDown() {
   FUZZ_CHECK(admin.ok(),
              "teardown: open a root session: ", admin.status().ToString());
   for (const auto& pool : pools_.List()) {
-    if (IsBasePool(pool->name())) continue;
+    if (IsIntactBasePool(*pool)) continue;
     v1::DeletePoolRequest r;
     r.set_name(pool->name());
     r.set_session_id(admin->session->id());
@@ -236,7 +252,10 @@ void Harness::SetUp() {
   // device_ and for p1 in a memfd he passed; both own a few pages, so that
   // short inputs reach the transfer and page paths.
   FUZZ_CHECK(RegisterValid(0, "p0", 16, 0, DeviceSegment()).ok());
-  FUZZ_CHECK(RegisterValid(0, "p1", 32, 8192, DeviceSegment()).ok());
+  {
+    auto s = RegisterValid(0, "p1", 32, 8192, DeviceSegment());
+    FUZZ_CHECK(s.ok(), "setup: register: ", s.status().ToString());
+  }
   FUZZ_CHECK(
       RegisterValid(1, "p0", kMaxDeviceSlots, 65536, DeviceSegment()).ok());
   FUZZ_CHECK(

@@ -103,6 +103,7 @@ class Harness {
   void Quiesce();
   void TearDown();
   void SetUp();
+  bool IsIntactBasePool(const HostPool& pool) const;
 
   // harness_model.cc
   absl::Status Attach(const SessionId& id, const PeerCredentials& peer);
