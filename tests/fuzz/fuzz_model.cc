@@ -1,5 +1,7 @@
 #include "tests/fuzz/fuzz_model.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,7 +25,69 @@ RequestLimits MakeLimits(const std::string& prefix) {
   // As deployed: shm buffers only for sessions attached by a peer whose uid
   // owns the segments (AttachSession stands in for the session socket).
   limits.allow_unverified_shm_names = false;
+  limits.max_imports_per_session = kMaxImportsPerSession;
+  limits.max_import_bytes_per_session = kMaxImportBytesPerSession;
+  limits.max_imports_per_uid = kMaxImportsPerUid;
+  limits.pool_access = kPoolAccess;
   return limits;
+}
+
+SessionLimits MakeSessionLimits() {
+  SessionLimits limits;
+  limits.max_sessions = kMaxSessions;
+  limits.max_sessions_per_uid = kMaxSessionsPerUid;
+  limits.max_unattached_sessions = kMaxUnattachedSessions;
+  return limits;
+}
+
+PoolQuota MakePoolQuota() {
+  PoolQuota quota;
+  quota.max_pools_per_uid = kMaxPoolsPerUid;
+  quota.max_pool_bytes_per_uid = kMaxPoolBytesPerUid;
+  return quota;
+}
+
+v1::PoolOwner BaseOwner(int which) {
+  v1::PoolOwner owner;
+  owner.set_daemon(true);
+  owner.set_uid(geteuid());
+  owner.set_gid(getegid());
+  owner.set_access(which == 0 ? v1::POOL_ACCESS_OWNER : v1::POOL_ACCESS_GROUP);
+  return owner;
+}
+
+bool MayUsePool(const v1::PoolOwner& owner, const SessionModel& m) {
+  if ((m.attached && m.uid == 0) || owner.access() == v1::POOL_ACCESS_ANY) {
+    return true;
+  }
+  const bool group = owner.access() == v1::POOL_ACCESS_GROUP;
+  if (owner.unverified()) return !m.attached;
+  if (!m.attached) return owner.daemon() && group;
+  return m.uid == owner.uid() || (group && m.gid == owner.gid());
+}
+
+bool MayAdminPool(const v1::PoolOwner& owner, const SessionModel& m) {
+  if (m.attached && m.uid == 0) return true;
+  return owner.unverified() ? !m.attached : m.attached && m.uid == owner.uid();
+}
+
+v1::PoolOwner OwnerOf(const SessionModel& m) {
+  v1::PoolOwner owner;
+  owner.set_access(kPoolAccess);
+  if (m.attached) {
+    owner.set_uid(m.uid);
+    owner.set_gid(m.gid);
+  } else {
+    owner.set_unverified(true);
+  }
+  return owner;
+}
+
+bool SameQuotaOwner(const v1::PoolOwner& a, const v1::PoolOwner& b) {
+  if (a.daemon() || b.daemon() || a.unverified() != b.unverified()) {
+    return false;
+  }
+  return a.unverified() || a.uid() == b.uid();
 }
 
 v1::PoolSpec BaseSpec(int which) {

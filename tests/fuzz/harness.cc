@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "server/pool_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace hostkv::fuzz {
@@ -17,8 +19,8 @@ namespace hostkv::fuzz {
 Harness::Harness()
     : prefix_(absl::StrCat("/hostkv-fuzz.", getpid(), ".")),
       budget_(kBudgetBytes, 0, [] { return uint64_t{1} << 40; }),
-      pools_(&budget_, prefix_, 1),
-      sessions_(prefix_, kSignalRecords),
+      pools_(&budget_, prefix_, 1, /*gpu=*/nullptr, MakePoolQuota()),
+      sessions_(prefix_, kSignalRecords, MakeSessionLimits(), &budget_),
       transfers_(2, /*metrics=*/nullptr),
       handler_(MakeLimits(prefix_), &budget_, &pools_, &sessions_,
                &transfers_) {
@@ -114,14 +116,18 @@ void Harness::Dispatch(int op) {
       r.set_session_id(PickSessionId());
       auto s = handler_.RenewSession(r);
       Note(s.ok());
-      FUZZ_CHECK(s.ok() == (FindLive(r.session_id()) != nullptr),
-                 "RenewSession: ", s.status().ToString());
+      if (!CheckSessionAnswer(r.session_id(), s.status(), "RenewSession")) {
+        return;
+      }
+      FUZZ_CHECK(s.ok(), "RenewSession: ", s.status().ToString());
       return;
     }
     case kAttachSession:
       return DoAttachSession();
     case kExpireIdle:
       return DoExpireIdle();
+    case kPassFd:
+      return DoPassFd();
     default:
       return;
   }
@@ -150,13 +156,18 @@ void Harness::PrintStats() const {
                                        "HandOverPages",
                                        "RenewSession",
                                        "AttachSession",
-                                       "ExpireIdleSessions"};
+                                       "ExpireIdleSessions",
+                                       "AcceptPassedFd"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
   std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
   for (int op = 0; op < kOpCount; ++op) {
     std::fprintf(stderr, "%-24s %10" PRIu64 " %10" PRIu64 "\n", kNames[op],
                  calls_[op][0] + calls_[op][1], calls_[op][1]);
   }
+  std::fprintf(stderr,
+               "imports through passed fds: %" PRIu64
+               ", round trips through them: %" PRIu64 "\n",
+               passed_fd_imports_, passed_fd_round_trips_);
 }
 
 // Waits for every copy to finish and the engine to drop its operations
@@ -171,33 +182,56 @@ void Harness::Quiesce() {
   outstanding_ = 0;
 }
 
-// Closes every session and deletes the pools the input created.
+// Whether `pool` is a base pool as SetUp creates it. An input may have
+// deleted one and created another of that name, with another owner or spec.
+bool Harness::IsIntactBasePool(const HostPool& pool) const {
+  for (int i = 0; i < 2; ++i) {
+    if (pool.name() != kBasePools[i]) continue;
+    return google::protobuf::util::MessageDifferencer::Equals(pool.owner(),
+                                                              BaseOwner(i)) &&
+           google::protobuf::util::MessageDifferencer::Equals(
+               pool.info().spec(), NormalizePoolSpec(BaseSpec(i)));
+  }
+  return false;
+}
+
+// Closes every session, then deletes the pools the input created (and base
+// pools it replaced) from a session attached as root (only the owner or
+// root may).
 void Harness::TearDown() {
   Quiesce();
   while (!live_.empty()) CloseLive(live_.size() - 1, /*expect_ok=*/true);
   closed_ids_.clear();
   CheckInvariants();
+  auto admin = handler_.OpenAttachedSession(
+      "teardown", PeerCredentials{static_cast<uint32_t>(getpid()), 0, 0, {}});
+  FUZZ_CHECK(admin.ok(),
+             "teardown: open a root session: ", admin.status().ToString());
   for (const auto& pool : pools_.List()) {
-    if (IsBasePool(pool->name())) continue;
+    if (IsIntactBasePool(*pool)) continue;
     v1::DeletePoolRequest r;
     r.set_name(pool->name());
+    r.set_session_id(admin->session->id());
     auto s = handler_.DeletePool(r);
     Note(s.ok());
     FUZZ_CHECK(s.ok(), "teardown: delete pool ", pool->name(), ": ",
                s.status().ToString());
+    pool_owners_.erase(pool->name());
   }
+  FUZZ_CHECK(handler_.EndSession(admin->session->id(), "fuzz").ok());
 }
 
 // The state every input starts from.
 void Harness::SetUp() {
   FUZZ_CHECK(live_.empty() && sessions_.List().empty());
+  // The base pools are the daemon's (--config pools): they persist from
+  // one input to the next unless an input deleted them.
   for (int i = 0; i < 2; ++i) {
     if (pools_.Get(kBasePools[i]).ok()) continue;
-    v1::CreatePoolRequest r;
-    *r.mutable_spec() = BaseSpec(i);
-    auto s = handler_.CreatePool(r);
-    Note(s.ok());
+    auto s = pools_.Create(BaseSpec(i), /*attach_if_exists=*/false,
+                           BaseOwner(i), Principal{});
     FUZZ_CHECK(s.ok(), "setup: create base pool: ", s.status().ToString());
+    pool_owners_[kBasePools[i]] = BaseOwner(i);
   }
   for (int i = 0; i < 2; ++i) {
     v1::OpenSessionRequest r;
@@ -205,17 +239,32 @@ void Harness::SetUp() {
     auto s = handler_.OpenSession(r);
     Note(s.ok());
     FUZZ_CHECK(s.ok(), "setup: open session: ", s.status().ToString());
-    AddLive(s->session_id());
-    FUZZ_CHECK(Attach(live_.back().id, geteuid()).ok());
+    auto session = sessions_.Get(s->session_id());
+    FUZZ_CHECK(session.ok(), "opened session not found");
+    AddLive(*session);
+    FUZZ_CHECK(
+        Attach(live_.back().id,
+               PeerCredentials{
+                   static_cast<uint32_t>(getpid()), geteuid(), getegid(), {}})
+            .ok());
   }
-  // Alice has buffers for both base pools, Bob for p0; both own a few
-  // pages, so that short inputs reach the transfer and page paths.
-  FUZZ_CHECK(RegisterValid(0, "p0", 16, 0).ok());
-  FUZZ_CHECK(RegisterValid(0, "p1", 32, 8192).ok());
-  FUZZ_CHECK(RegisterValid(1, "p0", kMaxDeviceSlots, 65536).ok());
+  // Alice has buffers for both base pools in device_, Bob for p0 in
+  // device_ and for p1 in a memfd he passed; both own a few pages, so that
+  // short inputs reach the transfer and page paths.
+  FUZZ_CHECK(RegisterValid(0, "p0", 16, 0, DeviceSegment()).ok());
+  {
+    auto s = RegisterValid(0, "p1", 32, 8192, DeviceSegment());
+    FUZZ_CHECK(s.ok(), "setup: register: ", s.status().ToString());
+  }
+  FUZZ_CHECK(
+      RegisterValid(1, "p0", kMaxDeviceSlots, 65536, DeviceSegment()).ok());
+  FUZZ_CHECK(
+      RegisterValid(1, "p1", 16, 4096, PassSealedMemfd(1, kDeviceBytes / 4))
+          .ok());
   AllocFor(0, "p0", 6);
   AllocFor(0, "p1", 8);
   AllocFor(1, "p0", 4);
+  AllocFor(1, "p1", 4);
 }
 
 }  // namespace hostkv::fuzz

@@ -8,9 +8,19 @@
 //   harness_pickers.cc          choosing ids, names, values and page runs
 //   harness_pools_sessions.cc   pool and session requests, GetPoolStats
 //   harness_slots.cc            Alloc, Free, HandOverPages, page IO, buffer
-//   meta harness_imports.cc          Register (well-formed and mangled),
-//   Unregister harness_transfers.cc        Load, Backup and the
-//   Backup-then-Load round trip
+//                               meta
+//   harness_imports.cc          Register (well-formed and mangled),
+//                               Unregister
+//   harness_passed_fds.cc       AcceptPassedFd (sealed memfds and others)
+//   harness_transfers.cc        Load, Backup and the Backup-then-Load round
+//                               trip
+//
+// Every reply is checked against the model, errors by their code: a
+// malformed session id (not 16 bytes) is INVALID_ARGUMENT and an unknown one
+// NOT_FOUND; using a pool the session's uid may not use, deleting one it
+// does not own, and registering segments of another uid are
+// PERMISSION_DENIED; RESOURCE_EXHAUSTED comes exactly when one of the
+// harness's small limits (fuzz_model.h) is reached, and names its flag.
 #ifndef HOSTKV_TESTS_FUZZ_HARNESS_H_
 #define HOSTKV_TESTS_FUZZ_HARNESS_H_
 
@@ -18,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +87,7 @@ class Harness {
     kRenewSession,
     kAttachSession,
     kExpireIdle,
+    kPassFd,
     kOpCount
   };
 
@@ -91,15 +103,23 @@ class Harness {
   void Quiesce();
   void TearDown();
   void SetUp();
+  bool IsIntactBasePool(const HostPool& pool) const;
 
   // harness_model.cc
-  absl::Status Attach(uint64_t id, uint32_t uid);
-  bool MayRegister(const SessionModel* m) const;
+  absl::Status Attach(const SessionId& id, const PeerCredentials& peer);
+  bool OwnsDeviceSegments(const SessionModel* m) const;
+  bool CheckSessionAnswer(const SessionId& id, const absl::Status& s,
+                          const char* what);
+  static void CheckExhausted(const absl::Status& s, bool limit_hit,
+                             const char* flag, const char* what);
+  uint32_t AttachedOfUid(uint32_t uid) const;
+  uint32_t UnattachedCount() const;
+  uint32_t ImportsOfUid(uint32_t uid) const;
   void Reconcile();
   void AllocFor(size_t live_index, const std::string& pool, uint64_t pages);
   static bool IsBasePool(const std::string& name);
-  void AddLive(uint64_t id);
-  SessionModel* FindLive(uint64_t id);
+  void AddLive(const std::shared_ptr<Session>& session);
+  SessionModel* FindLive(const SessionId& id);
   void CloseLive(size_t index, bool expect_ok, bool end = false);
   void CheckInvariants();
   void CheckOwnedPagesReadable();
@@ -110,7 +130,8 @@ class Harness {
   uint64_t PickU64(uint64_t n);
   bool OneIn(int n);
   int PickLiveIndex();
-  uint64_t PickSessionId();
+  SessionId PickSessionId();
+  PeerCredentials PickPeer();
   std::string PickPoolName();
   std::vector<PageRun> PickPageRuns(const SessionModel* session,
                                     const std::string& pool_name,
@@ -139,20 +160,43 @@ class Harness {
   const ImportModel* PickImport(const SessionModel* m, const std::string& pool);
   const ImportModel* BuildTransfer(v1::TransferRequest* r);
   static std::vector<PageRun> HostRuns(const v1::TransferRequest& r);
-  void AfterTransfer(uint64_t session_id, bool allow_running);
+  void AfterTransfer(const SessionId& session_id, bool allow_running);
   void DoTransfer(bool load);
   void DoRoundTrip();
 
   // harness_imports.cc
+  // Where a registration's buffers lie: a named segment or a passed fd.
+  struct DeviceTarget {
+    std::string shm_name;     // empty with passed_fd
+    uint64_t passed_fd = 0;   // 0: shm_name
+    uint8_t* data = nullptr;  // the harness's mapping (null if unknown)
+    uint64_t size = 0;        // 0 if unknown
+    std::shared_ptr<ShmSegment> mapping;
+  };
+  DeviceTarget DeviceSegment() const;
+  DeviceTarget PickTarget(const SessionModel* m, bool* known);
   absl::StatusOr<v1::RegisterDeviceBuffersResponse> RegisterValid(
       size_t live_index, const std::string& pool_name, uint64_t token_slots,
-      uint64_t base);
-  void BuildRegistration(const HostPool& pool, uint64_t token_slots,
-                         uint64_t base, v1::RegisterDeviceBuffersRequest* r,
-                         ImportModel* model);
+      uint64_t base, const DeviceTarget& target);
+  static void BuildRegistration(const HostPool& pool, uint64_t token_slots,
+                                uint64_t base, const DeviceTarget& target,
+                                v1::RegisterDeviceBuffersRequest* r,
+                                ImportModel* model);
+  static uint64_t ImportBytes(const PoolGeometry& g, uint64_t token_slots);
+  absl::StatusCode ExpectedCleanRegister(const SessionModel& m,
+                                         const HostPool& pool,
+                                         const DeviceTarget& target,
+                                         bool target_known,
+                                         uint64_t bytes) const;
+  void CheckAcceptedBuffers(const v1::RegisterDeviceBuffersRequest& r,
+                            const SessionModel& m, const HostPool& pool);
   void Mangle(v1::RegisterDeviceBuffersRequest* r, const HostPool* pool);
   void DoRegister();
   void DoUnregister();
+
+  // harness_passed_fds.cc
+  DeviceTarget PassSealedMemfd(size_t live_index, uint64_t size);
+  void DoPassFd();
 
   // harness_pools_sessions.cc
   void DoCreatePool();
@@ -162,6 +206,10 @@ class Harness {
   void DoAttachSession();
   void DoExpireIdle();
   void DoGetPoolStats();
+  void CheckCreatePool(const v1::CreatePoolRequest& r,
+                       const absl::StatusOr<v1::Pool>& s, const SessionModel& m,
+                       bool existed);
+  void OpenAttached();
 
   const std::string prefix_;
   MemoryBudget budget_;
@@ -174,10 +222,14 @@ class Harness {
 
   FuzzedDataProvider* fdp_ = nullptr;
   std::vector<SessionModel> live_;
-  std::vector<uint64_t> closed_ids_;
+  std::vector<SessionId> closed_ids_;
+  // Every pool's owner as the harness expects it (base pools included).
+  std::map<std::string, v1::PoolOwner> pool_owners_;
   int outstanding_ = 0;  // transfers accepted and not waited for
   bool last_ok_ = false;
   uint64_t calls_[kOpCount][2] = {};  // [op][succeeded]
+  uint64_t passed_fd_imports_ = 0;    // registrations through passed fds
+  uint64_t passed_fd_round_trips_ = 0;
 };
 
 }  // namespace hostkv::fuzz

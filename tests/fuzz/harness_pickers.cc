@@ -1,9 +1,12 @@
 // Harness: how a request's fields are chosen from the input (ids, names,
 // values next to a limit, page runs) and the page-run checks the ops share.
+#include <unistd.h>
+
 #include <algorithm>
 #include <limits>
 #include <set>
 
+#include "proto/contract/session_socket.h"
 #include "tests/fuzz/harness.h"
 
 namespace hostkv::fuzz {
@@ -53,21 +56,69 @@ int Harness::PickLiveIndex() {
       fdp_->ConsumeIntegralInRange<size_t>(0, live_.size() - 1));
 }
 
-uint64_t Harness::PickSessionId() {
+// Mostly an open session's id; otherwise a closed one's, an unknown
+// 16-byte id, or a malformed one (another length).
+SessionId Harness::PickSessionId() {
   const uint8_t sel = fdp_->ConsumeIntegral<uint8_t>();
   if (sel < 224 && !live_.empty()) {
     return live_[sel % live_.size()].id;
   }
-  switch (sel % 4) {
+  const SessionId some =
+      live_.empty() ? SessionId(kSessionIdBytes, '\x5a') : live_[0].id;
+  switch (sel % 8) {
     case 0:
-      return 0;
+      return "";
     case 1:
-      return closed_ids_.empty() ? 1 : closed_ids_[sel % closed_ids_.size()];
-    case 2:
-      return live_.empty() ? 2 : live_[0].id ^ 1;
+      return closed_ids_.empty() ? SessionId(kSessionIdBytes, '\0')
+                                 : closed_ids_[sel % closed_ids_.size()];
+    case 2: {  // one bit off an open session's id
+      SessionId id = some;
+      id[fdp_->ConsumeIntegralInRange<size_t>(0, id.size() - 1)] ^=
+          static_cast<char>(1 << fdp_->ConsumeIntegralInRange<int>(0, 7));
+      return id;
+    }
+    case 3:
+      return some + '\0';  // 17 bytes
+    case 4:
+      return some.substr(0, kSessionIdBytes - 1);
+    case 5:  // an old-style 8-byte id
+      return SessionId(8, static_cast<char>(sel));
+    case 6: {
+      SessionId id = fdp_->ConsumeBytesAsString(kSessionIdBytes);
+      id.resize(kSessionIdBytes, '\0');
+      return id;
+    }
     default:
-      return fdp_->ConsumeIntegral<uint64_t>();
+      return fdp_->ConsumeRandomLengthString(24);
   }
+}
+
+// The credentials of a peer: the harness's own uid and group, root, a uid
+// in another group, one in the harness's group, or any uid.
+PeerCredentials Harness::PickPeer() {
+  PeerCredentials peer;
+  peer.pid = static_cast<uint32_t>(getpid());
+  switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
+    case 4:
+      peer.uid = peer.gid = 0;
+      break;
+    case 5:
+      peer.uid = peer.gid = kStrangerUid;
+      break;
+    case 6:
+      peer.uid = kGroupmateUid;
+      peer.gid = getegid();
+      break;
+    case 7:
+      peer.uid = fdp_->ConsumeIntegral<uint32_t>();
+      peer.gid = fdp_->ConsumeIntegral<uint32_t>();
+      break;
+    default:
+      peer.uid = geteuid();
+      peer.gid = getegid();
+      break;
+  }
+  return peer;
 }
 
 std::string Harness::PickPoolName() {

@@ -2,7 +2,12 @@
 // AttachSession, the idle-session sweep and GetPoolStats.
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "proto/contract/op_signal.h"
+#include "proto/contract/session_socket.h"
+#include "server/pool_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/harness.h"
 
@@ -61,21 +66,87 @@ void Harness::DoCreatePool() {
         fdp_->ConsumeIntegralInRange<int>(0, 4)));
     r.set_attach_if_exists(OneIn(2));
   }
+  r.set_session_id(PickSessionId());
+  const bool existed = FindPool(spec.name()) != nullptr;
   auto s = handler_.CreatePool(r);
   Note(s.ok());
-  if (!s.ok()) return;
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "CreatePool")) return;
+  CheckCreatePool(r, s, *FindLive(r.session_id()), existed);
+}
+
+// The answer to CreatePool from session `m`, given whether the pool
+// `existed` before: the spec's errors, then ALREADY_EXISTS or (attaching)
+// PERMISSION_DENIED, then the owner's quota, then the memory budget.
+void Harness::CheckCreatePool(const v1::CreatePoolRequest& r,
+                              const absl::StatusOr<v1::Pool>& s,
+                              const SessionModel& m, bool existed) {
+  const v1::PoolSpec& spec = r.spec();
+  const absl::StatusOr<PoolGeometry> resolved = ResolvePoolSpec(spec);
+  if (!resolved.ok()) {
+    FUZZ_CHECK(s.status().code() == resolved.status().code(),
+               "CreatePool of a bad spec ", spec.ShortDebugString(), ": ",
+               s.status().ToString(), ", the spec's error is ",
+               resolved.status().ToString());
+    return;
+  }
+  if (existed) {
+    auto pool = FindPool(spec.name());
+    const bool same = google::protobuf::util::MessageDifferencer::Equals(
+        pool->info().spec(), NormalizePoolSpec(spec));
+    if (!r.attach_if_exists() || !same) {
+      FUZZ_CHECK(absl::IsAlreadyExists(s.status()), "CreatePool of existing ",
+                 spec.name(), ": ", s.status().ToString());
+    } else if (MayUsePool(pool_owners_.at(spec.name()), m)) {
+      FUZZ_CHECK(s.ok() && s->owner().SerializeAsString() ==
+                               pool_owners_.at(spec.name()).SerializeAsString(),
+                 "attach to usable pool ", spec.name(), ": ",
+                 s.status().ToString());
+    } else {
+      FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "attach of uid ", m.uid,
+                 " to pool ", spec.name(), " owned by ",
+                 pool_owners_.at(spec.name()).ShortDebugString(), ": ",
+                 s.status().ToString());
+    }
+    return;
+  }
+  const v1::PoolOwner owner = OwnerOf(m);
+  uint32_t owned = 0;
+  uint64_t held = 0;
+  for (const auto& [name, o] : pool_owners_) {
+    if (!SameQuotaOwner(o, owner)) continue;
+    ++owned;
+    held += FindPool(name)->geometry().total_bytes();
+  }
+  const uint64_t bytes = resolved->total_bytes();
+  const bool too_many = owned >= kMaxPoolsPerUid;
+  CheckExhausted(s.status(), too_many, "--max_pools_per_uid", "CreatePool");
+  if (too_many) return;
+  const bool too_big = bytes > kMaxPoolBytesPerUid - held;
+  CheckExhausted(s.status(), too_big, "--max_pool_bytes_per_uid", "CreatePool");
+  if (too_big) return;
+  const bool no_room =
+      bytes > budget_.budget_bytes() - budget_.reserved_bytes();
+  CheckExhausted(s.status(), no_room, "--memory_budget", "CreatePool");
+  if (no_room) return;
+  FUZZ_CHECK(s.ok(), "CreatePool of ", spec.ShortDebugString(),
+             " refused: ", s.status().ToString());
   auto pool = FindPool(spec.name());
   FUZZ_CHECK(pool != nullptr, "created pool ", spec.name(), " not found");
   const PoolGeometry& g = pool->geometry();
   FUZZ_CHECK(g.page_size != 0 && g.token_slots % g.page_size == 0 &&
              s->num_pages() == g.num_pages() &&
-             s->total_bytes() == g.total_bytes() &&
+             s->total_bytes() == g.total_bytes() && g.total_bytes() == bytes &&
              g.total_bytes() <= kBudgetBytes);
+  pool_owners_[spec.name()] = owner;
 }
 
+// The answer to DeletePool: NOT_FOUND, then PERMISSION_DENIED unless the
+// session's uid owns the pool (or is root), then FAILED_PRECONDITION while
+// it is in use.
 void Harness::DoDeletePool() {
   v1::DeletePoolRequest r;
   r.set_name(PickPoolName());
+  r.set_session_id(PickSessionId());
   const bool existed = FindPool(r.name()) != nullptr;
   bool in_use = false;
   for (const SessionModel& s : live_) {
@@ -86,38 +157,104 @@ void Harness::DoDeletePool() {
   const bool engine_idle = transfers_.queued() == 0;
   auto s = handler_.DeletePool(r);
   Note(s.ok());
-  if (s.ok()) {
-    FUZZ_CHECK(existed && !in_use, "DeletePool of ", r.name(),
-               " in use accepted");
-    for (SessionModel& m : live_) m.pages.erase(r.name());
-  } else {
-    FUZZ_CHECK(!(existed && !in_use && engine_idle), "DeletePool of unused ",
-               r.name(), " refused: ", s.status().ToString());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "DeletePool")) return;
+  const SessionModel& m = *FindLive(r.session_id());
+  if (!existed) {
+    FUZZ_CHECK(absl::IsNotFound(s.status()), "DeletePool of unknown ", r.name(),
+               ": ", s.status().ToString());
+    return;
   }
+  if (!MayAdminPool(pool_owners_.at(r.name()), m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "DeletePool of ", r.name(),
+               " owned by ", pool_owners_.at(r.name()).ShortDebugString(),
+               " by uid ", m.uid, m.attached ? "" : " (unattached)", ": ",
+               s.status().ToString());
+    return;
+  }
+  if (in_use) {
+    FUZZ_CHECK(absl::IsFailedPrecondition(s.status()), "DeletePool of ",
+               r.name(), " in use: ", s.status().ToString());
+    return;
+  }
+  if (s.ok()) {
+    for (SessionModel& l : live_) l.pages.erase(r.name());
+    pool_owners_.erase(r.name());
+    return;
+  }
+  FUZZ_CHECK(!engine_idle && absl::IsFailedPrecondition(s.status()),
+             "DeletePool of unused ", r.name(),
+             " refused: ", s.status().ToString());
 }
 
+// OpenSession (no peer) or, one time in three, OpenAttachedSession (as the
+// session socket opens one): the session limits, then the budget for the
+// signal segment.
 void Harness::DoOpenSession() {
-  v1::OpenSessionRequest r;
-  r.set_client_name(
+  const bool attached = OneIn(3);
+  std::string name =
       OneIn(8)
-          ? std::string(fdp_->ConsumeIntegralInRange<size_t>(250, 300), 'c')
-          : fdp_->ConsumeRandomLengthString(32));
-  r.set_pid(fdp_->ConsumeIntegral<uint32_t>());
-  if (live_.size() >= kMaxSessions) {
+          ? std::string(fdp_->ConsumeIntegralInRange<size_t>(190, 210), 'c')
+          : fdp_->ConsumeRandomLengthString(32);
+  const uint32_t pid = fdp_->ConsumeIntegral<uint32_t>();
+  const PeerCredentials peer = attached ? PickPeer() : PeerCredentials{};
+  if (live_.size() >= kMaxSessions && !OneIn(4)) {
     CloseLive(0, /*expect_ok=*/true);
   }
-  auto s = handler_.OpenSession(r);
-  Note(s.ok());
-  FUZZ_CHECK(s.ok() == (r.client_name().size() <= 256),
-             "OpenSession: ", s.status().ToString());
-  if (!s.ok()) return;
-  FUZZ_CHECK(s->signal_slots() == kSignalRecords && s->session_id() != 0);
-  FUZZ_CHECK(FindLive(s->session_id()) == nullptr, "session id reused");
-  AddLive(s->session_id());
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t signal_bytes =
+      (uint64_t{kSignalRecords} * sizeof(OpSignal) + page - 1) / page * page;
+  const bool no_room =
+      signal_bytes > budget_.budget_bytes() - budget_.reserved_bytes();
+  std::shared_ptr<Session> opened;
+  absl::Status status;
+  if (attached) {
+    auto s = handler_.OpenAttachedSession(name, peer);
+    status = s.status();
+    if (s.ok()) {
+      FUZZ_CHECK(s->signal_fd.get() >= 0, "no signal descriptor");
+      opened = s->session;
+    }
+  } else {
+    v1::OpenSessionRequest r;
+    r.set_client_name(name);
+    r.set_pid(pid);
+    auto s = handler_.OpenSession(r);
+    status = s.status();
+    if (s.ok()) {
+      FUZZ_CHECK(s->signal_slots() == kSignalRecords &&
+                 s->session_id().size() == kSessionIdBytes);
+      auto session = sessions_.Get(s->session_id());
+      FUZZ_CHECK(session.ok(), "opened session not found");
+      opened = *session;
+      FUZZ_CHECK(s->session_number() == opened->tag());
+    }
+  }
+  Note(status.ok());
+  if (!attached && name.size() > 200) {
+    FUZZ_CHECK(absl::IsInvalidArgument(status), "OpenSession of a ",
+               name.size(), "-byte name: ", status.ToString());
+    return;
+  }
+  const bool too_many = live_.size() >= kMaxSessions;
+  CheckExhausted(status, too_many, "--max_sessions allows", "OpenSession");
+  if (too_many) return;
+  const bool uid_full = attached ? AttachedOfUid(peer.uid) >= kMaxSessionsPerUid
+                                 : UnattachedCount() >= kMaxUnattachedSessions;
+  CheckExhausted(
+      status, uid_full,
+      attached ? "--max_sessions_per_uid" : "--max_unattached_sessions",
+      "OpenSession");
+  if (uid_full) return;
+  CheckExhausted(status, no_room, "--memory_budget", "OpenSession");
+  if (no_room) return;
+  FUZZ_CHECK(status.ok(), "OpenSession: ", status.ToString());
+  AddLive(opened);
+  FUZZ_CHECK(live_.back().attached == attached &&
+             (!attached || live_.back().uid == peer.uid));
 }
 
 void Harness::DoCloseSession() {
-  const uint64_t id = PickSessionId();
+  const SessionId id = PickSessionId();
   for (size_t i = 0; i < live_.size(); ++i) {
     if (live_[i].id == id) {
       CloseLive(i, /*expect_ok=*/true, /*end=*/OneIn(3));
@@ -127,25 +264,13 @@ void Harness::DoCloseSession() {
   }
   v1::CloseSessionRequest r;
   r.set_session_id(id);
-  FUZZ_CHECK(!handler_.CloseSession(r).ok(), "closed unknown session ", id);
-  FUZZ_CHECK(!handler_.EndSession(id, "fuzz").ok(), "ended unknown session ",
-             id);
+  CheckSessionAnswer(id, handler_.CloseSession(r).status(), "CloseSession");
+  CheckSessionAnswer(id, handler_.EndSession(id, "fuzz"), "EndSession");
 }
 
 void Harness::DoAttachSession() {
-  const uint64_t id = PickSessionId();
-  uint32_t uid = geteuid();
-  switch (fdp_->ConsumeIntegralInRange<int>(0, 7)) {
-    case 6:
-      uid = 0;
-      break;
-    case 7:
-      uid = fdp_->ConsumeIntegral<uint32_t>();
-      break;
-    default:
-      break;
-  }
-  Note(Attach(id, uid).ok());
+  const SessionId id = PickSessionId();
+  Note(Attach(id, PickPeer()).ok());
 }
 
 // Ends the unattached sessions (a lease of zero), as the session monitor

@@ -25,14 +25,31 @@ void Harness::DoAlloc() {
   }
   auto s = handler_.Alloc(r);
   Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "Alloc")) return;
   SessionModel* m = FindLive(r.session_id());
-  const bool valid = m != nullptr && pool != nullptr && r.num_tokens() != 0 &&
-                     r.num_tokens() % page_size == 0;
+  if (pool == nullptr) {
+    FUZZ_CHECK(absl::IsNotFound(s.status()), "Alloc in unknown pool ", r.pool(),
+               ": ", s.status().ToString());
+    return;
+  }
+  if (!MayUsePool(pool_owners_.at(r.pool()), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "Alloc by uid ", m->uid,
+               m->attached ? "" : " (unattached)", " in pool ", r.pool(),
+               " owned by ", pool_owners_.at(r.pool()).ShortDebugString(), ": ",
+               s.status().ToString());
+    return;
+  }
+  const bool valid = r.num_tokens() != 0 && r.num_tokens() % page_size == 0;
   if (!s.ok()) {
+    FUZZ_CHECK(!absl::IsPermissionDenied(s.status()),
+               "Alloc in a usable pool: ", s.status().ToString());
     if (valid && r.num_tokens() / page_size <= free_pages) {
       Die(absl::StrCat("Alloc of ", r.num_tokens(), " tokens refused with ",
                        free_pages, " pages free: ", s.status().ToString()));
     }
+    FUZZ_CHECK(valid ? absl::IsResourceExhausted(s.status())
+                     : absl::IsInvalidArgument(s.status()),
+               "Alloc of ", r.num_tokens(), " tokens: ", s.status().ToString());
     return;
   }
   FUZZ_CHECK(valid, "Alloc accepted an invalid request: ", r.DebugString());
@@ -67,6 +84,7 @@ void Harness::DoFree() {
   const bool owned = distinct && AllOwned(m, r.pool(), pages);
   auto s = handler_.Free(r);
   Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "Free")) return;
   if (!s.ok()) {
     FUZZ_CHECK(!(owned && outstanding_ == 0),
                "Free of owned idle pages refused: ", s.status().ToString(),
@@ -90,6 +108,7 @@ void Harness::DoReadPages() {
           r.mutable_pages());
   auto s = handler_.ReadPages(r);
   Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "ReadPages")) return;
   if (!s.ok()) return;
   FUZZ_CHECK(pool != nullptr && m != nullptr);
   uint64_t pages = 0;
@@ -144,6 +163,7 @@ void Harness::DoWritePages() {
   r.set_data(data);
   auto s = handler_.WritePages(r);
   Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "WritePages")) return;
   if (!s.ok()) return;
   FUZZ_CHECK(pool != nullptr && m != nullptr && want == size && want != 0 &&
                  AllOwned(m, r.pool(), pages) && want <= kMaxPageIoBytes,
@@ -230,6 +250,7 @@ void Harness::DoHandOver() {
   }
   auto s = handler_.HandOverPages(r);
   Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "HandOverPages")) return;
   if (!s.ok()) {
     FUZZ_CHECK(!(valid && outstanding_ == 0),
                "HandOverPages refused: ", s.status().ToString(), " ",

@@ -130,7 +130,7 @@ std::vector<PageRun> Harness::HostRuns(const v1::TransferRequest& r) {
 }
 
 // After an accepted transfer: waits for it, or (sometimes) lets it run.
-void Harness::AfterTransfer(uint64_t session_id, bool allow_running) {
+void Harness::AfterTransfer(const SessionId& session_id, bool allow_running) {
   if (allow_running && outstanding_ < kMaxOutstanding && OneIn(4)) {
     ++outstanding_;
     return;
@@ -146,6 +146,7 @@ void Harness::DoTransfer(bool load) {
   BuildTransfer(&r);
   auto s = load ? handler_.Load(r) : handler_.Backup(r);
   Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "Transfer")) return;
   if (!s.ok()) return;
   const SessionModel* m = FindLive(r.session_id());
   FUZZ_CHECK(m != nullptr, "transfer for a closed session accepted");
@@ -175,7 +176,7 @@ void Harness::DoRoundTrip() {
   SessionModel& m = live_[PickLiveIndex()];
   std::vector<const ImportModel*> imports;
   for (const ImportModel& i : m.imports) {
-    if (!i.offsets[0].empty()) imports.push_back(&i);
+    if (!i.offsets[0].empty() && i.data != nullptr) imports.push_back(&i);
   }
   if (imports.empty()) return;
   const ImportModel& imp =
@@ -229,7 +230,7 @@ void Harness::DoRoundTrip() {
       fdp_->ConsumeIntegralInRange<uint32_t>(lb + 1, g.num_layers);
   const uint64_t stride = g.token_stride();
   auto row = [&](uint32_t kv, uint32_t l, uint64_t t) {
-    return device_.data() + imp.offsets[kv][l] + t * stride;
+    return imp.data + imp.offsets[kv][l] + t * stride;
   };
   // Fill source rows with a pattern; remember them.
   const uint8_t seed = fdp_->ConsumeIntegral<uint8_t>();
@@ -286,6 +287,7 @@ void Harness::DoRoundTrip() {
       static_cast<v1::CopyMechanism>(fdp_->ConsumeIntegralInRange<int>(0, 2)));
   auto load = handler_.Load(r);
   Note(load.ok());
+  if (imp.mapping != nullptr) ++passed_fd_round_trips_;
   FUZZ_CHECK(load.ok(), "round trip load: ", load.status().ToString());
   AfterTransfer(m.id, /*allow_running=*/false);
   size_t at = 0;
