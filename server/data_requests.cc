@@ -83,6 +83,14 @@ absl::StatusOr<v1::HandOverPagesResponse> RequestHandler::HandOverPages(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> to,
                    sessions_->FindByNumber(request.to_session_number()));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  // The receiver would read and write these pages: it must be allowed in
+  // the pool itself.
+  if (absl::Status s = CheckPoolUse(pool->name(), pool->owner(), Principal::Of(*to));
+      !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "session ", to->tag(), " may not receive pages of pool '", pool->name(),
+        "': ", s.message()));
+  }
   ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
   ASSIGN_OR_RETURN(const uint64_t pages,
                    pool->allocator().HandOver(runs, from->tag(), to->tag()));

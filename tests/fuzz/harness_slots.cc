@@ -248,6 +248,9 @@ void Harness::DoHandOver() {
     valid = AllOwned(from, r.pool(),
                      std::vector<uint64_t>(pages.begin(), pages.end()));
   }
+  // The receiver must be allowed in the pool (PERMISSION_DENIED otherwise).
+  const bool receiver_denied = valid && !MayUsePool(pool_owners_.at(r.pool()), *to);
+  valid = valid && !receiver_denied;
   auto s = handler_.HandOverPages(r);
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "HandOverPages")) return;
@@ -255,6 +258,11 @@ void Harness::DoHandOver() {
     FUZZ_CHECK(!(valid && outstanding_ == 0),
                "HandOverPages refused: ", s.status().ToString(), " ",
                r.ShortDebugString());
+    FUZZ_CHECK(!receiver_denied ||
+                   s.status().code() == absl::StatusCode::kPermissionDenied ||
+                   outstanding_ != 0,
+               "HandOverPages to a session the pool refuses: ",
+               s.status().ToString());
     return;
   }
   FUZZ_CHECK(valid, "HandOverPages accepted: ", r.ShortDebugString());

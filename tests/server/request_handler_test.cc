@@ -683,6 +683,28 @@ TEST_F(RequestHandlerTest, HandOverMovesOwnership) {
   EXPECT_OK(Free(new_engine, 0, 3));
 }
 
+// Pages cannot be handed to a session that may not use their pool: it
+// would then read and write them.
+TEST_F(RequestHandlerTest, HandOverToASessionThePoolRefusesIsDenied) {
+  CreatePool("p");  // this uid's, access owner
+  const SessionId owner = OpenSession();
+  Alloc(owner, 4);
+  auto r = handler_.OpenSession(v1::OpenSessionRequest());
+  ASSERT_OK(r);
+  const uint32_t other_uid = getuid() + 4242;
+  ASSERT_OK(handler_.AttachSession(r->session_id(),
+                                   PeerCredentials{1, other_uid, other_uid}));
+  v1::HandOverPagesRequest request;
+  request.set_session_id(owner);
+  request.set_pool("p");
+  auto* run = request.add_pages();
+  run->set_first_page(0);
+  run->set_num_pages(1);
+  request.set_to_session_number(r->session_number());
+  EXPECT_ERROR(PermissionDenied, handler_.HandOverPages(request));
+  EXPECT_OK(Free(owner, 0, 1));  // still the owner's
+}
+
 TEST_F(RequestHandlerTest, PageBufferMetaChecksRange) {
   CreatePool("p");
   v1::GetPageBufferMetaRequest request;
