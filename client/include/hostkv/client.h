@@ -15,6 +15,7 @@
 #define HOSTKV_CLIENT_INCLUDE_HOSTKV_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,8 +59,10 @@ struct TransferOptions {
   uint32_t layer_begin = 0;
   uint32_t layer_end = 0;  // 0: every layer
   v1::CopyMechanism mechanism = v1::MECHANISM_UNSPECIFIED;
-  // CUDA backups: start once the import's "KV written" word reaches this
-  // value (GpuSignals::MarkKvWritten returns it); 0 = at once.
+  // CUDA loads and backups: start once the import's "KV written" mark word
+  // reaches this value (GpuSignals::MarkKvWritten returns it); 0 = at once.
+  // A load uses it to wait until the compute stream no longer reads the
+  // slots it overwrites.
   uint64_t wait_kv_written = 0;
 };
 
@@ -167,6 +170,14 @@ class Client {
 
   // Closes the session: the daemon frees its pages and imports.
   absl::Status Close();
+
+  // Runs `fn` once, on a thread of the client's, if the session socket hangs
+  // up while the session is open: the daemon died or ended the session. An
+  // engine with GPU signals passes GpuSignals::ReleaseAll here, since no
+  // word its streams wait on would move again. Not run for Close() or the
+  // destructor. FailedPrecondition over TCP (no session socket) or when
+  // called a second time.
+  absl::Status OnDaemonLost(std::function<void()> fn);
 
  private:
   struct Impl;
