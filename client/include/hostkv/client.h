@@ -145,9 +145,9 @@ class Client {
                                    const TransferOptions& options = {});
 
   // Blocks until layer `layer` (an absolute layer index) of `op` is copied,
-  // without calling the daemon. (CUDA imports report completion of the
-  // whole operation to the host, so this returns once every layer is done;
-  // GpuSignals::WaitLayer waits per layer on a CUDA stream.) InvalidArgument if `op` does not cover the
+  // without calling the daemon. (CUDA imports publish each layer to the
+  // host too; GpuSignals::WaitLayer waits per layer on a CUDA stream
+  // instead, without the host.) InvalidArgument if `op` does not cover the
   // layer; Aborted if the daemon abandoned the operation; DeadlineExceeded.
   absl::Status WaitLayer(const Operation& op, uint32_t layer,
                          absl::Duration timeout = absl::Seconds(60));
