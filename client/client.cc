@@ -1,5 +1,7 @@
 #include "hostkv/client.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -40,6 +42,13 @@ struct Client::Impl {
   // request/reply pairs, serialized by socket_mu.
   absl::Mutex socket_mu;
   ScopedFd session_socket;
+  // Watches the session socket for the daemon hanging up (OnDaemonLost);
+  // woken through `watch_wake` to stop.
+  std::thread watcher;
+  ScopedFd watch_wake[2];
+  std::vector<std::function<void()>> on_lost;  // set before `watcher` starts
+  // Stops the watcher without running on_lost (a Close of our own).
+  void StopWatcher();
   // TCP: renews the lease until `stop_renewing` is notified.
   std::thread renewer;
   absl::Mutex renew_mu;
@@ -268,7 +277,61 @@ absl::StatusOr<uint64_t> Client::PassDescriptor(int fd) {
 const std::string& Client::session_id() const { return impl_->session_id; }
 uint32_t Client::session_number() const { return impl_->session_number; }
 
+void Client::Impl::StopWatcher() {
+  if (!watcher.joinable()) return;
+  const char byte = 0;
+  if (write(watch_wake[1].get(), &byte, 1) < 0) {
+    // The pipe is ours and empty: cannot fail short of EINTR; the join below
+    // then waits for the next hang-up poll timeout.
+  }
+  watcher.join();
+}
+
+absl::Status Client::OnDaemonLost(std::function<void()> fn) {
+  if (impl_->watcher.joinable()) {
+    return absl::FailedPreconditionError(
+        "OnDaemonLost: already watching; register every callback in one call");
+  }
+  int fds[2];
+  int session_fd = -1;
+  {
+    absl::MutexLock lock(&impl_->socket_mu);
+    session_fd = impl_->session_socket.get();
+  }
+  if (session_fd < 0) {
+    return absl::FailedPreconditionError(
+        "OnDaemonLost needs the session socket: connect to a unix: target");
+  }
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  impl_->watch_wake[0] = ScopedFd(fds[0]);
+  impl_->watch_wake[1] = ScopedFd(fds[1]);
+  impl_->on_lost.push_back(std::move(fn));
+  Impl& self = *impl_;
+  // Polls for hang-up only (POLLRDHUP, not POLLIN): replies on the socket
+  // are left to the request that waits for them.
+  self.watcher = std::thread([&self, session_fd] {
+    pollfd fds[2] = {{session_fd, POLLRDHUP, 0},
+                     {self.watch_wake[0].get(), POLLIN, 0}};
+    while (true) {
+      fds[0].revents = fds[1].revents = 0;
+      if (poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[1].revents != 0) return;  // Close()
+      if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        for (const std::function<void()>& fn : self.on_lost) fn();
+        return;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status Client::Close() {
+  impl_->StopWatcher();
   if (impl_->renewer.joinable()) {
     {
       absl::MutexLock lock(&impl_->renew_mu);

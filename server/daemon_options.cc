@@ -109,6 +109,12 @@ ABSL_FLAG(std::string, shm_group, "",
 ABSL_FLAG(int, kernel_blocks, 0,
           "thread blocks per copy-kernel launch (0 = the kernel's default, "
           "16: few, as they share the GPU with the engine's kernels)");
+ABSL_FLAG(absl::Duration, gpu_wait_timeout, absl::Seconds(60),
+          "a CUDA transfer still waiting for the engine's mark (wait_kv_written) "
+          "after this long is released and reported failed");
+ABSL_FLAG(bool, dma_prefer_overlap, true,
+          "MECHANISM_DIRECT batches ask the driver to prefer copy engines that "
+          "overlap with compute (cudaMemcpyFlagPreferOverlapWithCompute)");
 
 namespace hostkv {
 namespace {
@@ -125,7 +131,8 @@ const std::vector<std::string> kFlagNames = {
     "max_imports_per_uid",              "max_pools_per_uid",
     "max_pool_bytes_per_uid",           "pool_access",
     "config_pool_access",               "shm_group",
-    "health_probe_without_token",       "max_health_watches"};
+    "health_probe_without_token",       "max_health_watches",
+    "gpu_wait_timeout",                 "dma_prefer_overlap"};
 
 
 
@@ -283,6 +290,11 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
     return absl::InvalidArgumentError("--kernel_blocks must be in [0, 65535]");
   }
   o.gpu.kernel_blocks = static_cast<unsigned>(blocks);
+  o.gpu.wait_timeout = absl::GetFlag(FLAGS_gpu_wait_timeout);
+  if (o.gpu.wait_timeout < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError("--gpu_wait_timeout must be at least 100ms");
+  }
+  o.gpu.dma_prefer_overlap = absl::GetFlag(FLAGS_dma_prefer_overlap);
   const int threads = absl::GetFlag(FLAGS_copy_threads);
   // Copies saturate memory bandwidth with few threads; a core left free keeps
   // the replies and the layer signals from waiting for a CPU.

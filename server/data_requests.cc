@@ -117,12 +117,13 @@ absl::Status RequestHandler::CheckGpuTransfer(
     const DeviceImport& import, CopyDirection direction,
     CopyMechanism mechanism) const {
   GpuImportState* gpu = import.gpu();
+  // Loads and backups alike: a backup waits for the KV to be written, a
+  // load for the engine to stop reading the slots it overwrites.
+  (void)direction;
   if (request.wait_kv_written() != 0 &&
-      (gpu == nullptr || !gpu->has_signals() ||
-       direction != CopyDirection::kDeviceToHost)) {
+      (gpu == nullptr || !gpu->has_signals())) {
     return absl::InvalidArgumentError(
-        "wait_kv_written needs a backup through a CUDA import registered "
-        "with gpu_signals");
+        "wait_kv_written needs a CUDA import registered with gpu_signals");
   }
   if (request.wait_kv_written() > static_cast<uint64_t>(INT64_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -88,6 +88,12 @@ struct GpuBackendOptions {
   uint64_t pin_chunk_bytes = 1ull << 30;
   // Blocks per copy kernel launch (0: the kernel's default).
   unsigned kernel_blocks = 0;
+  // A transfer still waiting for the engine's mark (wait_kv_written) after
+  // this long has its import's waits released and is reported failed, so
+  // that no wait -- and no Close/Unregister behind it -- lasts forever.
+  absl::Duration wait_timeout = absl::Seconds(60);
+  // DIRECT copies set cudaMemcpyFlagPreferOverlapWithCompute.
+  bool dma_prefer_overlap = true;
   // Called once if the CUDA context fails for good (a device fault): the
   // GPU backend then refuses work and the daemon should be restarted.
   std::function<void(const std::string& why)> on_fatal;

@@ -147,7 +147,8 @@ class RequestHandler {
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
   // The CUDA side of a transfer: the pool is pinned, the mechanism can reach
-  // it, wait_kv_written is only used where it means something.
+  // it, wait_kv_written is only used where it means something (an import
+  // with GPU signals; loads and backups).
   absl::Status CheckGpuTransfer(const v1::TransferRequest& request,
                                 const HostPool& pool, const DeviceImport& import,
                                 CopyDirection direction,

@@ -80,12 +80,35 @@ absl::StatusOr<std::unique_ptr<GpuSignals>> GpuSignals::Create(
   RETURN_IF_ERROR(CudaStatus(cudaMemset(words, 0, bytes), "cudaMemset"));
   RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
   ASSIGN_OR_RETURN(signals->buffer_, ExportCudaBuffer(words, bytes));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&signals->release_stream_,
+                                cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags"));
   return signals;
 }
 
 GpuSignals::~GpuSignals() {
   ScopedDevice on_device(device_);
+  if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
   cudaFree(words_);
+}
+
+absl::Status GpuSignals::ReleaseAll(cudaStream_t stream) {
+  // The largest value CU_STREAM_WAIT_VALUE_GEQ (a wrapping comparison) sees
+  // as >= every signal value the daemon hands out (< 2^63).
+  constexpr uint64_t kReleased = (1ull << 63) - 1;
+  ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
+  ScopedDevice on_device(device_);
+  RETURN_IF_ERROR(on_device.status());
+  if (stream == nullptr) stream = release_stream_;
+  for (uint32_t i = 0; i <= num_layers_; ++i) {
+    RETURN_IF_ERROR(DriverStatus(
+        api->stream_write_value64(reinterpret_cast<CUstream>(stream),
+                                  reinterpret_cast<CUdeviceptr>(words_ + i),
+                                  kReleased, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "releasing GPU signal words"));
+  }
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
 absl::Status GpuSignals::WaitLayer(const Operation& op, uint32_t layer,

@@ -41,9 +41,73 @@ __device__ __forceinline__ void CopyVectors(const uint8_t* src, uint8_t* dst,
   for (; v < n; v += kKernelCopyLanes) d[v] = s[v];
 }
 
+// Copies one chunk with the widest vectors its addresses allow.
+__device__ __forceinline__ void CopyChunk(const KernelChunk& c, uint32_t lane) {
+  switch (KernelVectorWidth(c.src, c.dst, c.bytes)) {
+    case 16:
+      CopyVectors<uint4>(c.src, c.dst, c.bytes / 16, lane);
+      break;
+    case 8:
+      CopyVectors<uint2>(c.src, c.dst, c.bytes / 8, lane);
+      break;
+    case 4:
+      CopyVectors<uint32_t>(c.src, c.dst, c.bytes / 4, lane);
+      break;
+    case 2:
+      CopyVectors<uint16_t>(c.src, c.dst, c.bytes / 2, lane);
+      break;
+    default:
+      CopyVectors<uint8_t>(c.src, c.dst, c.bytes, lane);
+      break;
+  }
+}
+
+// Chunks of a row whose loads are issued together before their stores.
+constexpr uint32_t kRowBatch = 8;
+
+// Copies chunks [first, first + count) of row `r` (count <= kRowBatch). When
+// every chunk is small (at most one 16-byte vector per lane: page_head rows,
+// one chunk per head) and 16-byte aligned, each lane issues all the batch's
+// loads before any store, so a row's reads over PCIe overlap instead of
+// waiting one chunk at a time; otherwise chunk by chunk (CopyVectors already
+// batches the loads of a large chunk).
+__device__ __forceinline__ void CopyRowChunks(const KernelCopyArgs& args,
+                                              const KernelRow& r,
+                                              uint32_t first, uint32_t count,
+                                              uint32_t lane) {
+  KernelChunk c[kRowBatch];
+  bool batched = args.geometry.chunk_bytes() <= 16ull * kKernelCopyLanes;
+#pragma unroll
+  for (uint32_t k = 0; k < kRowBatch; ++k) {
+    if (k < count) {
+      c[k] = KernelChunkOf(args, r, first + k);
+      batched = batched && KernelVectorWidth(c[k].src, c[k].dst, c[k].bytes) == 16;
+    }
+  }
+  if (!batched) {
+    for (uint32_t k = 0; k < count; ++k) CopyChunk(c[k], lane);
+    return;
+  }
+  const uint64_t vectors = args.geometry.chunk_bytes() / 16;  // <= 32
+  uint4 x[kRowBatch];
+#pragma unroll
+  for (uint32_t k = 0; k < kRowBatch; ++k) {
+    if (k < count && lane < vectors) {
+      x[k] = reinterpret_cast<const uint4*>(c[k].src)[lane];
+    }
+  }
+#pragma unroll
+  for (uint32_t k = 0; k < kRowBatch; ++k) {
+    if (k < count && lane < vectors) {
+      reinterpret_cast<uint4*>(c[k].dst)[lane] = x[k];
+    }
+  }
+}
+
 // One warp per row, striding over the rows by the number of warps in the
 // grid; the whole warp takes the same branches (the vector width depends on
-// the chunk, not the lane).
+// the chunk, not the lane). The token index is in device memory (uploaded
+// once per operation, see server/cuda/cuda_transfer.cc).
 __global__ void __launch_bounds__(kThreadsPerBlock)
     LayerCopyKernel(const KernelCopyArgs args) {
   const uint32_t lane = threadIdx.x % kKernelCopyLanes;
@@ -55,25 +119,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const uint32_t chunks = args.geometry.chunks_per_row();
   for (uint64_t row = first_row; row < rows; row += num_warps) {
     const KernelRow r = KernelRowAt(args, row);  // the index, read once
-    for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
-      const KernelChunk c = KernelChunkOf(args, r, chunk);
-      switch (KernelVectorWidth(c.src, c.dst, c.bytes)) {
-        case 16:
-          CopyVectors<uint4>(c.src, c.dst, c.bytes / 16, lane);
-          break;
-        case 8:
-          CopyVectors<uint2>(c.src, c.dst, c.bytes / 8, lane);
-          break;
-        case 4:
-          CopyVectors<uint32_t>(c.src, c.dst, c.bytes / 4, lane);
-          break;
-        case 2:
-          CopyVectors<uint16_t>(c.src, c.dst, c.bytes / 2, lane);
-          break;
-        default:
-          CopyVectors<uint8_t>(c.src, c.dst, c.bytes, lane);
-          break;
-      }
+    for (uint32_t chunk = 0; chunk < chunks; chunk += kRowBatch) {
+      const uint32_t count =
+          chunks - chunk < kRowBatch ? chunks - chunk : kRowBatch;
+      CopyRowChunks(args, r, chunk, count, lane);
     }
   }
 }

@@ -9,7 +9,8 @@ namespace hostkv {
 
 // Enqueues on `stream` the copy of one layer described by `args` (GPU
 // pointers: host_base from cudaHostGetDevicePointer or UVA, token arrays in
-// device memory). Uses at most `max_blocks` blocks of 8 warps (0: 16 blocks),
+// device memory, or pinned host memory read through UVA at a PCIe read per
+// row per layer). Uses at most `max_blocks` blocks of 8 warps (0: 16 blocks),
 // so as to leave the SMs to the engine. Launches nothing when num_tokens is 0.
 // Returns the cudaError_t value (0 = ok): cudaErrorInvalidValue when a
 // pointer the copy needs is null or the layer is out of range, else the

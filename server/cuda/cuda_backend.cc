@@ -16,6 +16,7 @@
 #include "server/daemon_metrics.h"
 #include "server/device_import.h"
 #include "server/host_pool.h"
+#include "server/signal_board.h"
 #include "server/transfer_engine.h"
 #include "spdlog/spdlog.h"
 
@@ -51,7 +52,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     backend->devices_.push_back(
         Device{i, std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes)),
                prop.name, prop.major, prop.minor, prop.totalGlobalMem,
-               Supports64BitStreamMemOps(i)});
+               Supports64BitStreamMemOps(i), false});
+    int host_pointer = 0;
+    if (cudaDeviceGetAttribute(&host_pointer,
+                               cudaDevAttrCanUseHostPointerForRegisteredMem,
+                               i) != cudaSuccess) {
+      cudaGetLastError();
+    }
+    backend->devices_.back().host_pointer_for_registered_mem = host_pointer != 0;
+    if (host_pointer == 0) {
+      spdlog::info("device {} cannot use host pointers for registered "
+                   "memory: DIRECT copies address pools through their "
+                   "device mapping", i);
+    }
     int mode = cudaComputeModeDefault;
     if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, i) != cudaSuccess) {
       cudaGetLastError();
@@ -192,18 +205,20 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
     }
     words = reinterpret_cast<uint64_t*>(address);
   }
-  std::function<void()> on_close;
+  // The claim is released exactly once, whoever gets there first: a second
+  // release could erase the claim another import made on the same words.
+  auto release = std::make_shared<CloseOnce>();
   if (words != nullptr) {
     const uintptr_t begin = reinterpret_cast<uintptr_t>(words);
     RETURN_IF_ERROR(ClaimSignalWords(
         begin, begin + (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
-    on_close = [this, begin] { ReleaseSignalWords(begin); };
+    *release = CloseOnce([this, begin] { ReleaseSignalWords(begin); });
   }
   absl::StatusOr<std::unique_ptr<CudaImportState>> state =
       CudaImportState::Create(*device, std::move(mappings), words, g.num_layers,
-                              on_close);
+                              [release] { release->Run(); });
   if (!state.ok()) {
-    if (on_close) on_close();
+    release->Run();
     return state.status();
   }
   return DeviceImport::ForGpu(std::move(pool), spec.token_slots,
@@ -257,60 +272,92 @@ void CudaBackend::RecordLastOp(OwnerTag owner, cudaStream_t stream, int device) 
   }
 }
 
-absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
-  auto* gpu = static_cast<CudaImportState*>(op->import->gpu());
-  const OwnerTag owner = op->owner;
-  {
-    absl::MutexLock lock(&mu_);
-    ++in_flight_[owner];
-    ++total_in_flight_;
-  }
-  auto in_flight = std::make_unique<InFlight>(
-      InFlight{std::move(op), false, absl::Now(), PinnedBlock{}, gpu->stream(),
-               gpu->device()});
-  const TransferOp& o = *in_flight->op;
-  ScopedDevice on_device(gpu->device());
-  // Without its device nothing can be enqueued, not even the signals.
-  absl::Status status = on_device.status();
-  bool copy = status.ok();
+absl::Status CudaBackend::CheckCanCopy(const TransferOp& op,
+                                       const CudaImportState& gpu) {
   {
     absl::MutexLock lock(&mu_);
     if (!fatal_.empty()) {
-      status = absl::UnavailableError(absl::StrCat(
+      return absl::UnavailableError(absl::StrCat(
           "the CUDA context failed (", fatal_, "): restart hostkvd"));
-      copy = false;
     }
   }
-  if (copy && o.signals->cancelled()) {
-    status = absl::CancelledError("the session ended before the copy started");
-    copy = false;
+  if (op.signals->cancelled()) {
+    return absl::CancelledError("the session ended before the copy started");
   }
-  if (copy && o.wait_kv_written != 0 && gpu->released()) {
-    status = absl::CancelledError(
+  if (op.wait_kv_written != 0 && gpu.released()) {
+    return absl::CancelledError(
         "the import was released: its KV-written mark will not come");
-    copy = false;
   }
+  return absl::OkStatus();
+}
+
+void CudaBackend::PublishAfterLayer(const TransferOp& op, cudaStream_t stream,
+                                    uint32_t layer) {
+  if (layer + 1 >= op.layer_end) return;  // the last: Finish publishes it
+  auto* token = new LayerToken{op.signals.get(), op.signal_index,
+                               layer + 1 - op.layer_begin};
+  const cudaError_t error =
+      cudaLaunchHostFunc(stream, &CudaBackend::OnLayerReached, token);
+  if (error != cudaSuccess) {
+    // Not fatal: host waiters then see this layer with the next one.
+    delete token;
+    cudaGetLastError();
+    spdlog::warn("op {}: per-layer host callback: {}", op.op_id,
+                 cudaGetErrorString(error));
+  }
+}
+
+absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
+  // Held for the whole call: once the operation is in tracker_, the
+  // completion thread or the watchdog may finish it and drop op->import
+  // (closing its stream) while this function still uses the stream.
+  const std::shared_ptr<DeviceImport> import = op->import;
+  auto* gpu = static_cast<CudaImportState*>(import->gpu());
+  const cudaStream_t stream = gpu->stream();
+  const OwnerTag owner = op->owner;
+  tracker_.Begin(owner);
+  auto entry = std::make_unique<GpuOpTracker::Entry>();
+  entry->op = std::move(op);
+  entry->enqueued = absl::Now();
+  const TransferOp& o = *entry->op;
+  if (o.wait_kv_written != 0) {
+    entry->wait_deadline = entry->enqueued + options_.wait_timeout;
+  }
+  ScopedDevice on_device(gpu->device());
+  // Without its device nothing can be enqueued, not even the signals.
+  absl::Status status = on_device.status();
+  if (status.ok()) status = CheckCanCopy(o, *gpu);
+  bool copy = status.ok();
   const bool kernel = o.task.mechanism == CopyMechanism::kKernel;
+  PinnedBlock token_index;
   if (copy && kernel) {
     absl::StatusOr<PinnedBlock> block =
         staging_.Acquire(2 * o.task.total_tokens * sizeof(uint64_t));
     if (block.ok()) {
-      in_flight->token_index = *block;
-      status = FillTokenIndex(o.task, *block);
+      token_index = *block;
+      entry->release = [this, token_index] { staging_.Release(token_index); };
+      status = FillTokenIndex(o.task, token_index);
     } else {
       status = block.status();
     }
     copy = status.ok();
   }
   if (on_device.status().ok()) {
-    OrderAfterLastOp(owner, gpu->stream());
+    OrderAfterLastOp(owner, stream);
     if (copy) {
       const PoolPinning* pinning = o.import->pool()->pinning();
+      CudaTransferOptions transfer;
+      transfer.kernel_blocks = options_.kernel_blocks;
+      transfer.pin_chunk_bytes = pinning != nullptr ? pinning->chunk_bytes() : 0;
+      transfer.prefer_overlap = options_.dma_prefer_overlap;
+      transfer.dma_through_device_base =
+          !devices_[gpu->device()].host_pointer_for_registered_mem;
+      transfer.after_layer = [&](uint32_t layer) {
+        PublishAfterLayer(o, stream, layer);
+      };
       status = EnqueueTransfer(
           o, *gpu, pinning != nullptr ? pinning->device_base() : nullptr,
-          kernel ? &in_flight->token_index : nullptr,
-          CudaTransferOptions{options_.kernel_blocks,
-                              pinning != nullptr ? pinning->chunk_bytes() : 0});
+          kernel ? &token_index : nullptr, transfer);
     } else {
       // No copy, but the layers are still signalled: an engine stream may
       // already wait for them.
@@ -319,32 +366,29 @@ absl::Status CudaBackend::Enqueue(std::unique_ptr<TransferOp> op) {
         spdlog::error("op {}: {}", o.op_id, std::string(signalled.message()));
       }
     }
-    RecordLastOp(owner, gpu->stream(), gpu->device());
+    RecordLastOp(owner, stream, gpu->device());
   }
-  in_flight->failed = !status.ok();
-  uint64_t id = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    id = ++next_op_;
-    ops_.emplace(id, std::move(in_flight));
-  }
+  entry->failed = !status.ok();
+  const uint64_t op_id = o.op_id;
+  const uint64_t id = tracker_.Add(std::move(entry));
   // The callback's token; it frees it. (If the context fails, no callback
   // comes and the watchdog finishes the operation; the token then leaks.)
   auto* token = new CallbackToken{this, id};
   const cudaError_t error =
       on_device.status().ok()
-          ? cudaLaunchHostFunc(gpu->stream(), &CudaBackend::OnStreamReached,
-                               token)
+          ? cudaLaunchHostFunc(stream, &CudaBackend::OnStreamReached, token)
           : cudaErrorInvalidDevice;
   if (error != cudaSuccess) {
     // No callback will come: wait for the stream here and finish now.
     delete token;
     cudaGetLastError();
-    if (on_device.status().ok()) cudaStreamSynchronize(gpu->stream());
-    if (std::unique_ptr<InFlight> done = Take(id)) {
+    if (on_device.status().ok()) cudaStreamSynchronize(stream);
+    if (std::unique_ptr<GpuOpTracker::Entry> done = tracker_.Take(id)) {
       done->failed = true;
       Finish(std::move(done));
     }
+    spdlog::warn("op {}: cudaLaunchHostFunc: {}", op_id,
+                 cudaGetErrorString(error));
     if (status.ok()) status = CudaStatus(error, "cudaLaunchHostFunc");
   }
   return absl::IsCancelled(status) ? absl::OkStatus() : status;
@@ -358,13 +402,10 @@ void CudaBackend::OnStreamReached(void* data) {
   self->done_.push_back(token->id);
 }
 
-std::unique_ptr<CudaBackend::InFlight> CudaBackend::Take(uint64_t id) {
-  absl::MutexLock lock(&mu_);
-  auto it = ops_.find(id);
-  if (it == ops_.end()) return nullptr;
-  std::unique_ptr<InFlight> op = std::move(it->second);
-  ops_.erase(it);
-  return op;
+void CudaBackend::OnLayerReached(void* data) {
+  // On CUDA's callback thread: a store and a futex wake, no CUDA call.
+  std::unique_ptr<LayerToken> token(static_cast<LayerToken*>(data));
+  token->board->Publish(token->index, token->layers_done);
 }
 
 void CudaBackend::CompletionLoop() {
@@ -380,8 +421,29 @@ void CudaBackend::CompletionLoop() {
       id = done_.front();
       done_.pop_front();
     }
-    if (std::unique_ptr<InFlight> done = Take(id)) Finish(std::move(done));
+    if (std::unique_ptr<GpuOpTracker::Entry> done = tracker_.Take(id)) {
+      Finish(std::move(done));
+    }
   }
+}
+
+std::string CudaBackend::Inspect(const GpuOpTracker::Watched& watched) {
+  // `watched.import` keeps the stream alive while it is queried, even if
+  // the completion thread finishes the operation meanwhile.
+  auto* gpu = static_cast<CudaImportState*>(watched.import->gpu());
+  if (watched.wait_overdue && !gpu->released()) {
+    spdlog::error("GPU op {}: the engine's mark {} did not come within {}: "
+                  "releasing the import's mark waits; the operation (and "
+                  "every later one waiting on this import) is reported failed",
+                  watched.op_id, watched.wait_value,
+                  absl::FormatDuration(options_.wait_timeout));
+    gpu->ReleaseWaits();
+  }
+  ScopedDevice on_device(gpu->device());
+  const cudaError_t error = cudaStreamQuery(gpu->stream());
+  // Not ready (still copying, or waiting for "KV written") is normal.
+  if (error == cudaSuccess || error == cudaErrorNotReady) return "";
+  return absl::StrCat(cudaGetErrorName(error), ": ", cudaGetErrorString(error));
 }
 
 void CudaBackend::WatchdogLoop() {
@@ -394,35 +456,27 @@ void CudaBackend::WatchdogLoop() {
       };
       if (done_mu_.AwaitWithTimeout(absl::Condition(&stop), kPeriod)) return;
     }
-    std::vector<std::pair<cudaStream_t, int>> streams;
     {
       absl::MutexLock lock(&mu_);
       if (!fatal_.empty()) continue;
-      for (const auto& [id, op] : ops_) streams.emplace_back(op->stream, op->device);
     }
     std::string fatal;
-    for (const auto& [stream, device] : streams) {
-      ScopedDevice on_device(device);
-      const cudaError_t error = cudaStreamQuery(stream);
-      // Not ready (still copying, or waiting for "KV written") is normal.
-      if (error == cudaSuccess || error == cudaErrorNotReady) continue;
-      fatal = absl::StrCat(cudaGetErrorName(error), ": ",
-                           cudaGetErrorString(error));
-      break;
+    for (const GpuOpTracker::Watched& watched : tracker_.Watch(absl::Now())) {
+      fatal = Inspect(watched);
+      if (!fatal.empty()) break;
     }
     if (fatal.empty()) continue;
-    std::vector<std::unique_ptr<InFlight>> orphans;
     {
       absl::MutexLock lock(&mu_);
       fatal_ = fatal;
-      for (auto& [id, op] : ops_) orphans.push_back(std::move(op));
-      ops_.clear();
     }
+    std::vector<std::unique_ptr<GpuOpTracker::Entry>> orphans =
+        tracker_.TakeAll();
     spdlog::critical("the CUDA context failed ({}): {} operations in flight "
                      "are reported failed, the GPU backend refuses new ones; "
                      "restart hostkvd",
                      fatal, orphans.size());
-    for (std::unique_ptr<InFlight>& op : orphans) {
+    for (std::unique_ptr<GpuOpTracker::Entry>& op : orphans) {
       op->failed = true;
       Finish(std::move(op));
     }
@@ -430,13 +484,14 @@ void CudaBackend::WatchdogLoop() {
   }
 }
 
-void CudaBackend::Finish(std::unique_ptr<InFlight> done) {
+void CudaBackend::Finish(std::unique_ptr<GpuOpTracker::Entry> done) {
   std::unique_ptr<TransferOp> op = std::move(done->op);
   const OwnerTag owner = op->owner;
   const CopyDirection direction = op->task.direction;
-  staging_.Release(done->token_index);
-  // A backup that was let through by ReleaseWaits copied KV the engine may
-  // not have written: never report it as a good copy.
+  if (done->release) done->release();
+  // A transfer that was let through by ReleaseWaits copied KV the engine may
+  // not have written (or into slots it may still read): never report it as
+  // a good copy.
   if (op->wait_kv_written != 0 &&
       static_cast<CudaImportState*>(op->import->gpu())->released()) {
     done->failed = true;
@@ -452,7 +507,7 @@ void CudaBackend::Finish(std::unique_ptr<InFlight> done) {
       options_.metrics->RecordTransfer(direction, op->task.mechanism, op->bytes,
                                        now - done->enqueued);
     }
-    // Unpinned before the layers are reported, as on the CPU path.
+    // Unpinned before the last layer is reported, as on the CPU path.
     op->host_pages.Release();
     op->signals->Publish(op->signal_index, op->layer_end - op->layer_begin);
   } else {
@@ -461,25 +516,23 @@ void CudaBackend::Finish(std::unique_ptr<InFlight> done) {
   // Drops the import (which may close its stream and mappings) before the
   // record says the operation ended.
   FinishOp(std::move(op), done->failed);
-  absl::MutexLock lock(&mu_);
-  --total_in_flight_;
-  if (--in_flight_[owner] == 0) {
-    in_flight_.erase(owner);
+  tracker_.End(owner, [this, owner] {
+    absl::MutexLock lock(&mu_);
     auto it = last_op_.find(owner);
     if (it != last_op_.end()) {
       cudaEventDestroy(it->second.event);
       last_op_.erase(it);
     }
-  }
+  });
 }
 
 void CudaBackend::AwaitIdle(std::optional<OwnerTag> owner) {
-  absl::MutexLock lock(&mu_);
-  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return owner.has_value() ? !in_flight_.contains(*owner)
-                             : total_in_flight_ == 0;
-  };
-  mu_.Await(absl::Condition(&idle));
+  // Bounded in practice: mark waits are released after wait_timeout, and a
+  // failed context finishes everything; this only logs if it lasts.
+  while (!tracker_.AwaitIdle(owner, options_.wait_timeout + absl::Seconds(5))) {
+    spdlog::warn("still waiting for {} GPU operations to finish",
+                 tracker_.size());
+  }
 }
 
 }  // namespace hostkv

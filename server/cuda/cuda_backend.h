@@ -20,8 +20,12 @@
 #include "server/cuda/ipc_mappings.h"
 #include "server/cuda/pinned_staging.h"
 #include "server/gpu_backend.h"
+#include "server/gpu_op_tracker.h"
 
 namespace hostkv {
+
+class CudaImportState;
+class SignalBoard;
 
 class CudaBackend : public GpuBackend {
  public:
@@ -51,21 +55,24 @@ class CudaBackend : public GpuBackend {
     int major, minor;
     uint64_t memory;
     bool stream_mem_ops64;
-  };
-  // An operation whose copies are on a stream; finished by the completion
-  // thread once the stream reaches it (or by the watchdog if the CUDA
-  // context fails and the stream never will). Owned by ops_ until then.
-  struct InFlight {
-    std::unique_ptr<TransferOp> op;
-    bool failed;
-    absl::Time enqueued;
-    PinnedBlock token_index;  // KERNEL: back to staging_ when done
-    cudaStream_t stream;
-    int device;
+    // cudaDevAttrCanUseHostPointerForRegisteredMem: copies may name pinned
+    // host memory by its CPU address. Where 0, DMA goes through the pool's
+    // device address (cudaHostGetDevicePointer) instead.
+    bool host_pointer_for_registered_mem;
   };
   struct CallbackToken {
     CudaBackend* backend;
     uint64_t id;
+  };
+  // A per-layer host callback: publishes that `layers_done` layers of the
+  // operation in record `index` of `board` are copied. The board outlives
+  // it: the operation (which holds the board) is finished only by the
+  // callback enqueued after this one on the same stream, or by the
+  // watchdog once the context failed and no callback runs any more.
+  struct LayerToken {
+    SignalBoard* board;
+    uint32_t index;
+    uint32_t layers_done;
   };
   // The last operation a session put on a stream: a later one on another
   // stream (another import) waits for it, keeping the session's order.
@@ -85,10 +92,21 @@ class CudaBackend : public GpuBackend {
   // The host callback: `data` is the backend, the id is queued separately
   // (cudaLaunchHostFunc takes one pointer; see Enqueue).
   static void OnStreamReached(void* token);
+  static void OnLayerReached(void* token);
   void CompletionLoop() ABSL_LOCKS_EXCLUDED(done_mu_);
-  // Takes operation `id` out of ops_; null if someone else already did.
-  std::unique_ptr<InFlight> Take(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
-  void Finish(std::unique_ptr<InFlight> done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why `op` must not be copied now (context failed, session ended, the
+  // import's mark waits released); OK if it may.
+  absl::Status CheckCanCopy(const TransferOp& op, const CudaImportState& gpu)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Enqueues a host callback after layer `layer` of `op` (all but its last
+  // layer: Finish publishes that one), so host waiters see each layer.
+  void PublishAfterLayer(const TransferOp& op, cudaStream_t stream,
+                         uint32_t layer);
+  void Finish(std::unique_ptr<GpuOpTracker::Entry> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The watchdog's look at one operation: releases an overdue mark wait;
+  // returns the context's error if its stream reports one.
+  std::string Inspect(const GpuOpTracker::Watched& watched);
   // Every second while operations are in flight, asks their streams for
   // errors. A failed CUDA context (a device fault) runs no more host
   // callbacks: its operations are then finished as failed here, new ones
@@ -109,13 +127,10 @@ class CudaBackend : public GpuBackend {
   IpcMappings mappings_;
   PinnedStaging staging_;
 
+  // The operations on streams. Lock order: tracker_'s lock before mu_.
+  GpuOpTracker tracker_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, std::unique_ptr<InFlight>> ops_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 0;
   std::string fatal_ ABSL_GUARDED_BY(mu_);  // why the context failed
-  absl::flat_hash_map<OwnerTag, uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
-  uint32_t total_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<OwnerTag, LastOp> last_op_ ABSL_GUARDED_BY(mu_);
 
   // Filled by CUDA's callback thread (which must not call CUDA).

@@ -19,7 +19,6 @@ absl::StatusOr<std::unique_ptr<CudaImportState>> CudaImportState::Create(
   RETURN_IF_ERROR(on_device.status());
   std::unique_ptr<CudaImportState> state(new CudaImportState(
       device, std::move(mappings), signal_words, num_layers));
-  state->on_close_ = std::move(on_close);
   if (signal_words != nullptr) {
     // Words reused from an earlier registration keep their values: start
     // above them, or a wait would pass before this import's copies.
@@ -51,6 +50,9 @@ absl::StatusOr<std::unique_ptr<CudaImportState>> CudaImportState::Create(
   RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&state->side_stream_, cudaStreamNonBlocking),
       "cudaStreamCreateWithFlags"));
+  // Installed last: a failed Create leaves `on_close` to the caller, so it
+  // runs once (the destructor of a half-made state must not run it too).
+  state->on_close_ = std::move(on_close);
   return state;
 }
 

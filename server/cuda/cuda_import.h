@@ -27,7 +27,8 @@ class CudaImportState : public GpuImportState {
   // Creates the import's streams on `device`. `signal_words` (in the
   // daemon's mapping, or null) has num_layers + 1 words; signal values
   // continue above what the layer words hold already.
-  // `on_close` runs when the import is closed, after its streams are idle.
+  // `on_close` runs when the import is closed, after its streams are idle;
+  // on error it has not run and is not kept (the caller runs it).
   static absl::StatusOr<std::unique_ptr<CudaImportState>> Create(
       int device, std::vector<IpcMappingRef> mappings, uint64_t* signal_words,
       uint32_t num_layers, std::function<void()> on_close);

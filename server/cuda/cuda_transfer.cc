@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,8 +24,20 @@ std::atomic<bool> batch_unsupported{false};
 // Copy-engine path for one layer: every coalesced piece of every plane in
 // one batched call (per-piece cudaMemcpyAsync when batches are unsupported).
 absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
-                             uint64_t pin_chunk_bytes, cudaStream_t stream) {
+                             uint8_t* pool_device_base,
+                             const CudaTransferOptions& options,
+                             cudaStream_t stream) {
   const CopyTask& task = op.task;
+  const uint64_t pin_chunk_bytes = options.pin_chunk_bytes;
+  // Where the device cannot use CPU addresses of registered memory, the
+  // copies name the pool through its device mapping.
+  uint8_t* const host_base =
+      options.dma_through_device_base ? pool_device_base : task.host_base;
+  if (host_base == nullptr) {
+    return absl::FailedPreconditionError(
+        "this device cannot use host pointers for registered memory and the "
+        "pool has no single device address range");
+  }
   const bool to_device = task.direction == CopyDirection::kHostToDevice;
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
@@ -43,7 +56,7 @@ absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
                      if (pin_chunk_bytes != 0) {
                        n = std::min(n, pin_chunk_bytes - host % pin_chunk_bytes);
                      }
-                     uint8_t* host_ptr = task.host_base + host;
+                     uint8_t* host_ptr = host_base + host;
                      uint8_t* device_ptr = device + dev;
                      dsts.push_back(to_device ? device_ptr : host_ptr);
                      srcs.push_back(to_device ? host_ptr : device_ptr);
@@ -58,7 +71,8 @@ absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
   if (!batch_unsupported.load(std::memory_order_relaxed)) {
     cudaMemcpyAttributes attrs{};
     attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    attrs.flags = options.prefer_overlap ? cudaMemcpyFlagPreferOverlapWithCompute
+                                         : cudaMemcpyFlagDefault;
     size_t attrs_index = 0;
     const cudaError_t error = cudaMemcpyBatchAsync(
         dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attrs,
@@ -83,11 +97,48 @@ absl::Status EnqueueLayerDma(const TransferOp& op, uint32_t layer,
   return absl::OkStatus();
 }
 
-// Kernel path: one launch per layer, reading the token index from pinned
-// host memory (filled by the caller, read through UVA).
+// The kernel's token index in device memory for one operation: uploaded
+// once from the pinned block (stream-ordered allocation, freed on the stream
+// after the last layer), so that the layers do not each read it over PCIe.
+// Falls back to reading the pinned block through UVA when the device has no
+// stream-ordered allocator.
+class DeviceTokenIndex {
+ public:
+  DeviceTokenIndex(const PinnedBlock& block, uint64_t bytes,
+                   cudaStream_t stream)
+      : stream_(stream), tokens_(reinterpret_cast<const uint64_t*>(block.device)) {
+    void* device = nullptr;
+    if (cudaMallocAsync(&device, bytes, stream) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    if (cudaMemcpyAsync(device, block.host, bytes, cudaMemcpyHostToDevice,
+                        stream) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeAsync(device, stream);
+      return;
+    }
+    device_ = device;
+    tokens_ = static_cast<const uint64_t*>(device);
+  }
+  ~DeviceTokenIndex() {
+    if (device_ != nullptr) cudaFreeAsync(device_, stream_);
+  }
+  DeviceTokenIndex(const DeviceTokenIndex&) = delete;
+  DeviceTokenIndex& operator=(const DeviceTokenIndex&) = delete;
+  const uint64_t* tokens() const { return tokens_; }
+
+ private:
+  const cudaStream_t stream_;
+  void* device_ = nullptr;
+  const uint64_t* tokens_;
+};
+
+// Kernel path: one launch per layer, reading the token index `tokens`
+// (host slots, then device slots) from device memory.
 absl::Status EnqueueLayerKernel(const TransferOp& op, uint32_t layer,
                                 uint8_t* pool_device_base,
-                                const PinnedBlock& index, unsigned blocks,
+                                const uint64_t* tokens, unsigned blocks,
                                 cudaStream_t stream) {
   const uint64_t n = op.task.total_tokens;
   if (n == 0) return absl::OkStatus();
@@ -95,7 +146,6 @@ absl::Status EnqueueLayerKernel(const TransferOp& op, uint32_t layer,
     return absl::FailedPreconditionError(
         "the pool has no device address for copy kernels");
   }
-  const uint64_t* tokens = reinterpret_cast<const uint64_t*>(index.device);
   KernelCopyArgs args{};
   args.geometry = op.task.geometry;
   args.host_base = pool_device_base;
@@ -157,33 +207,42 @@ absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
     api = *loaded;
   }
   absl::Status status;
-  if (api != nullptr && op.wait_kv_written != 0 &&
-      op.task.direction == CopyDirection::kDeviceToHost) {
+  // Loads wait too: the engine's mark then says its compute stream no
+  // longer reads the slots this load overwrites.
+  if (api != nullptr && op.wait_kv_written != 0) {
     status = DriverStatus(
         api->stream_wait_value64(
             reinterpret_cast<CUstream>(stream),
             reinterpret_cast<CUdeviceptr>(gpu.signal_words() + gpu.num_layers()),
             op.wait_kv_written, CU_STREAM_WAIT_VALUE_GEQ),
-        "waiting for KV written");
+        "waiting for the engine's mark");
   }
   const bool kernel = op.task.mechanism == CopyMechanism::kKernel;
   if (status.ok() && kernel && token_index == nullptr) {
     status = absl::InternalError("a kernel copy without its token index");
   }
+  std::optional<DeviceTokenIndex> tokens;
+  if (status.ok() && kernel && op.task.total_tokens > 0) {
+    tokens.emplace(*token_index, 2 * op.task.total_tokens * sizeof(uint64_t),
+                   stream);
+  }
   for (uint32_t layer = op.layer_begin; layer < op.layer_end; ++layer) {
     if (status.ok()) {
-      status = kernel ? EnqueueLayerKernel(op, layer, pool_device_base,
-                                           *token_index, options.kernel_blocks,
-                                           stream)
-                      : EnqueueLayerDma(op, layer, options.pin_chunk_bytes,
+      status = kernel ? EnqueueLayerKernel(
+                            op, layer, pool_device_base,
+                            tokens.has_value() ? tokens->tokens() : nullptr,
+                            options.kernel_blocks, stream)
+                      : EnqueueLayerDma(op, layer, pool_device_base, options,
                                         stream);
     }
-    if (api == nullptr) continue;
-    // Signalled even after a failure: an engine stream waiting for this
-    // layer must not hang; the failure reaches the client through the
-    // operation's signal record.
-    const absl::Status signalled = SignalLayer(*api, op, gpu, layer);
-    if (status.ok()) status = signalled;
+    if (api != nullptr) {
+      // Signalled even after a failure: an engine stream waiting for this
+      // layer must not hang; the failure reaches the client through the
+      // operation's signal record.
+      const absl::Status signalled = SignalLayer(*api, op, gpu, layer);
+      if (status.ok()) status = signalled;
+    }
+    if (status.ok() && options.after_layer) options.after_layer(layer);
   }
   return status;
 }

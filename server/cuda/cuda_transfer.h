@@ -5,6 +5,7 @@
 #define HOSTKV_SERVER_CUDA_CUDA_TRANSFER_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "server/cuda/cuda_import.h"
@@ -16,6 +17,15 @@ namespace hostkv {
 struct CudaTransferOptions {
   unsigned kernel_blocks = 0;    // 0: the kernel's default
   uint64_t pin_chunk_bytes = 0;  // PoolPinning::chunk_bytes() of the pool
+  // DMA batches set cudaMemcpyFlagPreferOverlapWithCompute.
+  bool prefer_overlap = true;
+  // The device cannot use host pointers for registered memory
+  // (cudaDevAttrCanUseHostPointerForRegisteredMem = 0): DMA names the pool
+  // by its device address (pool_device_base) instead of its CPU address.
+  bool dma_through_device_base = false;
+  // Called on the host right after each layer's copies and signal are
+  // enqueued (e.g. to enqueue a host callback that publishes the layer).
+  std::function<void(uint32_t layer)> after_layer;
 };
 
 // Writes op.signal_value into every layer word of the operation, on the
@@ -30,7 +40,9 @@ absl::Status SignalLayers(const TransferOp& op, CudaImportState& gpu);
 absl::Status FillTokenIndex(const CopyTask& task, const PinnedBlock& block);
 
 // Enqueues everything for `op` on gpu.stream() (the import's device must be
-// current). `pool_device_base` is the pool as kernels address it, and
+// current): the wait for the engine's mark (op.wait_kv_written, loads and
+// backups alike), then per layer the copies and the signal word.
+// `pool_device_base` is the pool as kernels address it, and
 // `token_index` a block FillTokenIndex filled (both only needed for
 // KERNEL); the block must stay untouched until the stream passes the
 // operation. Every layer's signal word is written even when a copy fails to

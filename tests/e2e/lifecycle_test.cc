@@ -3,10 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "hostkv/client.h"
 #include "tests/testing/daemon_process.h"
@@ -196,6 +198,30 @@ TEST(LifecycleTest, ClosingASessionFreesItsPages) {
   ASSERT_OK(stats);
   EXPECT_EQ(0u, stats->pools(0).used_pages());
   EXPECT_EQ(63u, stats->pools(0).free_pages());
+}
+
+TEST(LifecycleTest, OnDaemonLostRunsWhenTheDaemonDiesNotOnClose) {
+  testing::DaemonProcess daemon({"--config=" + WriteConfig(kConfig)});
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  {
+    // A Close of our own is not a loss.
+    auto closing = Client::Connect(daemon.target(), "closing").value();
+    std::atomic<int> lost{0};
+    ASSERT_OK(closing->OnDaemonLost([&] { lost.fetch_add(1); }));
+    EXPECT_ERROR(FailedPrecondition, closing->OnDaemonLost([] {}));
+    ASSERT_OK(closing->Close());
+    EXPECT_EQ(0, lost.load());
+  }
+  auto engine = Client::Connect(daemon.target(), "engine").value();
+  absl::Mutex mu;
+  bool lost = false;
+  ASSERT_OK(engine->OnDaemonLost([&] {
+    absl::MutexLock lock(&mu);
+    lost = true;
+  }));
+  EXPECT_EQ(128 + SIGKILL, daemon.Stop(SIGKILL));
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&lost), absl::Seconds(10)));
 }
 
 TEST(LifecycleTest, ConnectToNothingIsUnavailable) {

@@ -7,6 +7,7 @@
 //
 //   hostkv_gpu_bench --out=DIR [--target=unix:PATH] [--tokens=16384]
 //                    [--reps=5] [--quick] [--daemon_flags=--kernel_blocks=32]
+//                    [--kernel_blocks=8,16,32] [--overlap_sweep=false]
 //
 // Without --target it starts hostkvd --cuda=on itself. Exits with status 2
 // and says why when there is no GPU.
@@ -54,6 +55,13 @@ ABSL_FLAG(bool, quick, false, "4096 tokens, 3 repetitions (a smoke run)");
 ABSL_FLAG(bool, mla, true, "also measure an MLA (DeepSeek latent) model");
 ABSL_FLAG(std::string, daemon_flags, "",
           "comma-separated extra flags for the hostkvd started here");
+ABSL_FLAG(std::string, kernel_blocks, "8,16,32,64,128",
+          "copy-kernel block counts to sweep (MHA page_first, KERNEL), each "
+          "with a hostkvd of its own --kernel_blocks; empty: no sweep. The "
+          "best of them is the default to choose (now 16)");
+ABSL_FLAG(bool, overlap_sweep, true,
+          "also measure DIRECT with --dma_prefer_overlap=false beside the "
+          "default (cudaMemcpyFlagPreferOverlapWithCompute on)");
 
 namespace hostkv::gpu_bench {
 namespace {
@@ -423,6 +431,51 @@ std::string Today() {
   return date;
 }
 
+// Cases measured against a hostkvd started with `flag` (a setting that is
+// a daemon flag, so each value needs a daemon of its own), labelled with it.
+void MeasureWithDaemonFlag(Report& report, const std::string& flag,
+                           const Model& m, v1::Layout layout,
+                           v1::CopyMechanism mechanism, uint64_t tokens,
+                           int reps, double seconds) {
+  std::vector<std::string> args = {
+      "--log_level=warning",
+      absl::StrCat("--memory_budget=", (m.pool_bytes(tokens) >> 20) + 1024,
+                   "MiB"),
+      flag};
+  std::unique_ptr<testing::DaemonProcess> daemon =
+      Check(gpu_testing::StartCudaDaemon(args, absl::Seconds(45)),
+            "starting hostkvd " + flag);
+  OpTimer timer(m.layers);
+  std::unique_ptr<Engine> e = StartEngine(daemon->target(), m, layout, tokens);
+  CaseResult r = MeasureCase(*e, timer, m, layout, mechanism, reps, seconds);
+  r.mechanism = absl::StrCat(r.mechanism, " ", flag);
+  report.cases.push_back(std::move(r));
+  Check(e->client->Close(), "closing the session");
+  DeletePool(daemon->target(), e->pool);
+  e.reset();
+}
+
+// The settings the first GPU run is to decide: the copy kernel's block
+// count, and whether DMA batches prefer compute-overlapping copy engines.
+// Only with a hostkvd of our own (--target names one whose flags are set).
+void SweepDaemonSettings(Report& report, uint64_t tokens, int reps,
+                         double seconds) {
+  for (absl::string_view blocks : absl::StrSplit(
+           absl::GetFlag(FLAGS_kernel_blocks), ',', absl::SkipEmpty())) {
+    std::fprintf(stderr, "kernel blocks %s\n", std::string(blocks).c_str());
+    MeasureWithDaemonFlag(report, absl::StrCat("--kernel_blocks=", blocks),
+                          kMha, v1::LAYOUT_PAGE_FIRST, v1::MECHANISM_KERNEL,
+                          tokens, reps, seconds);
+  }
+  if (absl::GetFlag(FLAGS_overlap_sweep)) {
+    for (const char* flag :
+         {"--dma_prefer_overlap=true", "--dma_prefer_overlap=false"}) {
+      MeasureWithDaemonFlag(report, flag, kMha, v1::LAYOUT_PAGE_FIRST,
+                            v1::MECHANISM_DIRECT, tokens, reps, seconds);
+    }
+  }
+}
+
 int Main() {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) {
@@ -542,6 +595,14 @@ int Main() {
       Check(e->client->Close(), "closing the session");
       DeletePool(target, e->pool);
       e.reset();
+    }
+  }
+  if (absl::GetFlag(FLAGS_target).empty()) {
+    if (SecondsSince(start) > max_seconds) {
+      report.notes.push_back("skipped the kernel-block and overlap sweeps: "
+                             "--max_seconds reached");
+    } else {
+      SweepDaemonSettings(report, tokens, reps, case_seconds);
     }
   }
   report.meta.push_back(

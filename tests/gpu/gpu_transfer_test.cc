@@ -536,5 +536,79 @@ TEST_F(GpuSessionTest, ClosingWithABackupBlockedOnKvWrittenReturns) {
   EndEngines("session-end", {&*second, &*blocked});
 }
 
+// Several sessions, each with its own import (so its own stream), copying
+// on one GPU at once: every engine gets its own bytes back.
+TEST_F(GpuSessionTest, ManyEnginesAtOnceEachGetTheirOwnBytes) {
+  HOSTKV_SKIP_WITHOUT_GPU();
+  ASSERT_DAEMON();
+  constexpr uint32_t kPs = 16;
+  constexpr int kEngines = 6;
+  const v1::PoolSpec spec = Spec("many", {false, 3, 2, 64},
+                                 v1::LAYOUT_PAGE_FIRST, kPs, 64 * kPs);
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int i = 0; i < kEngines; ++i) {
+    auto e = Engine::Start(spec, 8 * kPs);
+    ASSERT_OK(e);
+    engines.push_back(std::move(*e));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kEngines; ++i) {
+    threads.emplace_back([&, i] {
+      for (int round = 0; round < 3; ++round) ExpectRoundTrip(*engines[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::unique_ptr<Engine>*> all;
+  for (auto& e : engines) all.push_back(&e);
+  EndEngines("many", all);
+}
+
+// Host-side per-layer waits on a CUDA import, and a load that waits on the
+// GPU for the engine's mark: nothing is published before the mark, then
+// every layer, and the bytes are those of the backup.
+TEST_F(GpuSessionTest, HostWaitLayerSeesALoadThatWaitsForTheMark) {
+  HOSTKV_SKIP_WITHOUT_GPU();
+  ASSERT_DAEMON();
+  constexpr uint32_t kPs = 16;
+  const v1::PoolSpec spec = Spec("host-layers", {false, 4, 2, 64},
+                                 v1::LAYOUT_PAGE_FIRST, kPs, 16 * kPs);
+  auto engine = Engine::Start(spec, 8 * kPs);
+  ASSERT_OK(engine);
+  Engine& e = **engine;
+  const uint64_t tokens = 2 * kPs;
+  auto pages = e.client().Alloc("host-layers", tokens);
+  ASSERT_OK(pages);
+  const BufferPatterns patterns = gpu_testing::MakePatterns(e.cache(), 9);
+  ASSERT_OK(e.cache().Fill(kBackground));
+  ASSERT_OK(gpu_testing::WritePatterns(e.cache(), patterns));
+  const std::vector<SlotRange> from = {{2, tokens}};
+  const std::vector<SlotRange> to = {{tokens + 3, tokens}};
+  auto backup = e.client().Backup("host-layers", e.import_id(), *pages, from);
+  ASSERT_OK(backup);
+  ASSERT_OK(gpu_testing::AwaitOperation(e.client(), *backup));
+  ASSERT_OK(e.cache().Fill(kBackground));
+  TransferOptions options;
+  options.mechanism = v1::MECHANISM_DIRECT;
+  options.wait_kv_written = 1;  // the first mark, not made yet
+  auto load = e.client().Load("host-layers", e.import_id(), *pages, to, options);
+  ASSERT_OK(load);
+  EXPECT_EQ(absl::StatusCode::kDeadlineExceeded,
+            e.client().WaitLayer(*load, 0, absl::Milliseconds(300)).code());
+  auto stream = CudaStream::Create();
+  ASSERT_OK(stream);
+  auto mark = e.signals().MarkKvWritten(stream->get());
+  ASSERT_OK(mark);
+  ASSERT_EQ(1u, *mark);
+  for (uint32_t l = 0; l < e.layers(); ++l) {
+    const absl::Status waited = e.client().WaitLayer(*load, l, kWaitTimeout);
+    EXPECT_TRUE(waited.ok()) << "layer " << l << ": " << waited;
+  }
+  ASSERT_OK(gpu_testing::AwaitOperation(e.client(), *load));
+  EXPECT_TRUE(gpu_testing::CacheMatches(
+      e.cache(), gpu_testing::ExpectedCache(e.cache(), patterns, from, to,
+                                            tokens, kBackground)));
+  EndEngines("host-layers", {&*engine});
+}
+
 }  // namespace
 }  // namespace hostkv

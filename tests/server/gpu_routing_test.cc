@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "server/device_import.h"
 #include "server/gpu_backend.h"
+#include "server/gpu_op_tracker.h"
 #include "server/host_pool.h"
 #include "server/request_handler.h"
 #include "server/transfer_engine.h"
@@ -71,6 +72,8 @@ class ScriptedPinning : public PoolPinning {
 
 class ScriptedImport : public GpuImportState {
  public:
+  explicit ScriptedImport(std::atomic<int>* destroyed) : destroyed_(destroyed) {}
+  ~ScriptedImport() override { destroyed_->fetch_add(1); }
   int device() const override { return 0; }
   bool has_signals() const override { return true; }
   uint64_t NextSignalValue() override { return ++last_; }
@@ -78,11 +81,15 @@ class ScriptedImport : public GpuImportState {
   std::atomic<int> released_{0};
 
  private:
+  std::atomic<int>* const destroyed_;
   std::atomic<uint64_t> last_{0};
 };
 
 // A GpuBackend whose operations stay "on the GPU" until the test completes
-// them, in order.
+// them, in order. It keeps them in the GpuOpTracker the CUDA backend uses,
+// with the same lifetime rules: Enqueue holds the import for its whole run,
+// the watchdog (Watchdog(), run when the test says) looks at imports
+// through the tracker's own references and releases overdue mark waits.
 class ScriptedBackend : public GpuBackend {
  public:
   std::string Describe() const override { return "scripted"; }
@@ -98,7 +105,7 @@ class ScriptedBackend : public GpuBackend {
       std::shared_ptr<HostPool> pool, const GpuImportSpec& spec) override {
     RETURN_IF_ERROR(CheckImportShape(pool->geometry(), spec.token_slots,
                                      spec.k.size(), spec.v.size()));
-    auto state = std::make_unique<ScriptedImport>();
+    auto state = std::make_unique<ScriptedImport>(&imports_destroyed_);
     ScriptedImport* raw = state.get();
     std::vector<LayerBuffers> layers(pool->geometry().num_layers,
                                      LayerBuffers{{nullptr, nullptr}});
@@ -109,40 +116,61 @@ class ScriptedBackend : public GpuBackend {
     return import;
   }
   absl::Status Enqueue(std::unique_ptr<TransferOp> op) override {
-    absl::MutexLock lock(&mu_);
-    enqueued_.push_back({op->op_id, op->signal_value, op->wait_kv_written,
-                         op->signals->cancelled()});
-    ++in_flight_[op->owner];
-    held_.push_back(std::move(op));
+    // As CudaBackend::Enqueue: the import is held until the call returns,
+    // although the operation may be finished as soon as it is tracked.
+    const std::shared_ptr<DeviceImport> import = op->import;
+    tracker_.Begin(op->owner);
+    auto entry = std::make_unique<GpuOpTracker::Entry>();
+    entry->enqueued = absl::Now();
+    if (op->wait_kv_written != 0) {
+      entry->wait_deadline = entry->enqueued + wait_timeout_;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      enqueued_.push_back({op->op_id, op->signal_value, op->wait_kv_written,
+                           op->signals->cancelled(), op->task.direction});
+    }
+    entry->op = std::move(op);
+    const uint64_t id = tracker_.Add(std::move(entry));
+    {
+      absl::MutexLock lock(&mu_);
+      held_.push_back(id);
+    }
+    if (after_add_) after_add_();
+    // Still usable here: `import` keeps it alive.
+    ScriptedImport* state = static_cast<ScriptedImport*>(import->gpu());
+    enqueue_saw_device_.store(state->device());
     return absl::OkStatus();
   }
   void AwaitIdle(std::optional<OwnerTag> owner) override {
-    absl::MutexLock lock(&mu_);
-    auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (!owner.has_value()) return held_.empty();
-      auto it = in_flight_.find(*owner);
-      return it == in_flight_.end() || it->second == 0;
-    };
-    mu_.Await(absl::Condition(&idle));
+    tracker_.AwaitIdle(owner, absl::InfiniteDuration());
   }
 
   // Completes the oldest held operation as the completion thread would.
   bool CompleteOldest(bool failed = false) {
-    std::unique_ptr<TransferOp> op;
+    uint64_t id = 0;
     {
       absl::MutexLock lock(&mu_);
       if (held_.empty()) return false;
-      op = std::move(held_.front());
+      id = held_.front();
       held_.pop_front();
     }
+    std::unique_ptr<GpuOpTracker::Entry> entry = tracker_.Take(id);
+    if (entry == nullptr) return true;  // finished by someone else
+    std::unique_ptr<TransferOp> op = std::move(entry->op);
     const OwnerTag owner = op->owner;
+    // As CudaBackend::Finish: a transfer let through by a release failed.
+    if (op->wait_kv_written != 0 &&
+        static_cast<ScriptedImport*>(op->import->gpu())->released_.load() > 0) {
+      failed = true;
+    }
     if (!failed) {
       op->host_pages.Release();
       op->signals->Publish(op->signal_index, op->layer_end - op->layer_begin);
     }
+    if (failed) failures_.fetch_add(1);
     FinishOp(std::move(op), failed);
-    absl::MutexLock lock(&mu_);
-    --in_flight_[owner];
+    tracker_.End(owner, nullptr);
     return true;
   }
   void CompleteAll() {
@@ -153,12 +181,23 @@ class ScriptedBackend : public GpuBackend {
     absl::MutexLock lock(&mu_);
     return held_.size();
   }
+  // One round of CudaBackend's watchdog: releases the mark waits of overdue
+  // operations; returns what it looked at (each with its import held).
+  std::vector<GpuOpTracker::Watched> Watchdog(absl::Time now) {
+    std::vector<GpuOpTracker::Watched> watched = tracker_.Watch(now);
+    for (const GpuOpTracker::Watched& w : watched) {
+      auto* state = static_cast<ScriptedImport*>(w.import->gpu());
+      if (w.wait_overdue && state->released_.load() == 0) state->ReleaseWaits();
+    }
+    return watched;
+  }
 
   struct Enqueued {
     uint64_t op_id;
     uint64_t signal_value;
     uint64_t wait_kv_written;
     bool cancelled;
+    CopyDirection direction;
   };
   std::vector<Enqueued> enqueued() {
     absl::MutexLock lock(&mu_);
@@ -172,11 +211,23 @@ class ScriptedBackend : public GpuBackend {
     absl::MutexLock lock(&mu_);
     return imports_.at(i);
   }
+  int imports_destroyed() const { return imports_destroyed_.load(); }
+  int failures() const { return failures_.load(); }
+  // Runs inside Enqueue right after the operation is tracked (a race with
+  // the completion thread, made certain).
+  void set_after_add(std::function<void()> fn) { after_add_ = std::move(fn); }
+  void set_wait_timeout(absl::Duration timeout) { wait_timeout_ = timeout; }
+  int enqueue_saw_device() const { return enqueue_saw_device_.load(); }
 
  private:
+  GpuOpTracker tracker_;
+  absl::Duration wait_timeout_ = absl::Seconds(60);
+  std::function<void()> after_add_;
+  std::atomic<int> imports_destroyed_{0};
+  std::atomic<int> failures_{0};
+  std::atomic<int> enqueue_saw_device_{-1};
   absl::Mutex mu_;
-  std::deque<std::unique_ptr<TransferOp>> held_ ABSL_GUARDED_BY(mu_);
-  std::map<OwnerTag, int> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> held_ ABSL_GUARDED_BY(mu_);
   std::vector<Enqueued> enqueued_ ABSL_GUARDED_BY(mu_);
   std::vector<ScriptedPinning*> pinnings_ ABSL_GUARDED_BY(mu_);
   std::vector<ScriptedImport*> imports_ ABSL_GUARDED_BY(mu_);
@@ -388,7 +439,7 @@ TEST_F(GpuRoutingTest, SignalValuesFollowSubmissionOrder) {
   EXPECT_EQ(0u, session->signals()->in_flight());
 }
 
-TEST_F(GpuRoutingTest, KvWrittenWaitsReachTheBackendOnlyForBackups) {
+TEST_F(GpuRoutingTest, MarkWaitsReachTheBackendForLoadsAndBackups) {
   CreatePool("p");
   gpu_.pinning(0)->Finish(true);
   const SessionId s = OpenSession();
@@ -397,12 +448,21 @@ TEST_F(GpuRoutingTest, KvWrittenWaitsReachTheBackendOnlyForBackups) {
   auto backup = Transfer(s, import, 0);
   backup.set_wait_kv_written(7);
   ASSERT_OK(handler_.Backup(backup));
-  EXPECT_ERROR(InvalidArgument, handler_.Load(backup));
+  // A load waits for the engine's compute stream to let go of the slots.
+  auto load = Transfer(s, import, 1);
+  load.set_wait_kv_written(9);
+  ASSERT_OK(handler_.Load(load));
   backup.set_wait_kv_written(uint64_t{1} << 63);
   EXPECT_ERROR(InvalidArgument, handler_.Backup(backup));
-  WaitUntil([this] { return !gpu_.enqueued().empty(); });
-  ASSERT_EQ(1u, gpu_.enqueued().size());
-  EXPECT_EQ(7u, gpu_.enqueued()[0].wait_kv_written);
+  load.set_wait_kv_written(uint64_t{1} << 63);
+  EXPECT_ERROR(InvalidArgument, handler_.Load(load));
+  WaitUntil([this] { return gpu_.enqueued().size() >= 2; });
+  const auto enqueued = gpu_.enqueued();
+  ASSERT_EQ(2u, enqueued.size());
+  EXPECT_EQ(7u, enqueued[0].wait_kv_written);
+  EXPECT_EQ(CopyDirection::kDeviceToHost, enqueued[0].direction);
+  EXPECT_EQ(9u, enqueued[1].wait_kv_written);
+  EXPECT_EQ(CopyDirection::kHostToDevice, enqueued[1].direction);
 }
 
 TEST_F(GpuRoutingTest, UnregisterReleasesWaitsAndWaitsForTheOperations) {
@@ -438,6 +498,94 @@ TEST_F(GpuRoutingTest, SessionEndReleasesWaitsAndWaitsForTheOperations) {
   gpu_.CompleteAll();
   closer.join();
   EXPECT_EQ(0u, pools_.Get("p").value()->import_count());
+}
+
+TEST_F(GpuRoutingTest, AWaitPastItsDeadlineIsReleasedAndReportedFailed) {
+  gpu_.set_wait_timeout(absl::Milliseconds(1));
+  const auto [s, import] = SubmitBlockedBackup();
+  absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(1u, gpu_.Watchdog(absl::Now()).size());
+  EXPECT_EQ(1, gpu_.import(0)->released_.load());
+  // A second round does not release again.
+  gpu_.Watchdog(absl::Now());
+  EXPECT_EQ(1, gpu_.import(0)->released_.load());
+  gpu_.CompleteAll();  // the stream passes the released wait
+  auto session = sessions_.Get(s).value();
+  session->signals()->AwaitIdle();
+  // Reported failed: what it copied may not be what the engine meant.
+  EXPECT_EQ(1, gpu_.failures());
+  // Unregister then returns at once: nothing is left in flight.
+  v1::UnregisterDeviceBuffersRequest unregister;
+  unregister.set_session_id(s);
+  unregister.set_import_id(import);
+  EXPECT_OK(handler_.UnregisterDeviceBuffers(unregister));
+}
+
+TEST_F(GpuRoutingTest, WaitsWithinTheirDeadlineAreNotReleased) {
+  const auto [s, import] = SubmitBlockedBackup();  // 60 s deadline
+  ASSERT_EQ(1u, gpu_.Watchdog(absl::Now()).size());
+  EXPECT_EQ(0, gpu_.import(0)->released_.load());
+  ASSERT_EQ(1u, gpu_.Watchdog(absl::Now() + absl::Seconds(61)).size());
+  EXPECT_EQ(1, gpu_.import(0)->released_.load());
+  gpu_.CompleteAll();
+}
+
+TEST_F(GpuRoutingTest, TheWatchdogsViewKeepsAnImportAliveAfterItsLastOp) {
+  const auto [s, import] = SubmitBlockedBackup();
+  std::vector<GpuOpTracker::Watched> watched = gpu_.Watchdog(absl::Now());
+  ASSERT_EQ(1u, watched.size());
+  // The completion thread finishes the operation and the engine
+  // unregisters: everything but the watchdog's view drops the import.
+  gpu_.CompleteAll();
+  v1::UnregisterDeviceBuffersRequest unregister;
+  unregister.set_session_id(s);
+  unregister.set_import_id(import);
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    EXPECT_OK(handler_.UnregisterDeviceBuffers(unregister));
+    returned.store(true);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  // The view counts as a use: the stream it queries is not closed under it.
+  EXPECT_FALSE(returned.load());
+  EXPECT_EQ(0, gpu_.imports_destroyed());
+  EXPECT_EQ(0, watched[0].import->gpu()->device());  // still there to query
+  watched.clear();
+  caller.join();
+  EXPECT_TRUE(returned.load());
+  EXPECT_TRUE(WaitUntil([this] { return gpu_.imports_destroyed() == 1; }));
+}
+
+TEST_F(GpuRoutingTest, EnqueueKeepsTheImportWhenItsOpIsFinishedMeanwhile) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  std::atomic<bool> finished_early{false};
+  std::atomic<int> destroyed_inside{-1};
+  std::thread unregisterer;
+  gpu_.set_after_add([&] {
+    // The watchdog's failure path, between the tracking and the rest of
+    // Enqueue: it finishes the operation, and the engine unregisters.
+    finished_early.store(gpu_.CompleteOldest(/*failed=*/true));
+    unregisterer = std::thread([&] {
+      v1::UnregisterDeviceBuffersRequest unregister;
+      unregister.set_session_id(s);
+      unregister.set_import_id(import);
+      EXPECT_OK(handler_.UnregisterDeviceBuffers(unregister));
+    });
+    absl::SleepFor(absl::Milliseconds(50));
+    // Only Enqueue's own reference is left, and it holds.
+    destroyed_inside.store(gpu_.imports_destroyed());
+  });
+  ASSERT_OK(handler_.Load(Transfer(s, import, 0)));
+  ASSERT_TRUE(WaitUntil([this] { return gpu_.enqueue_saw_device() == 0; }));
+  EXPECT_TRUE(finished_early.load());
+  EXPECT_EQ(0, destroyed_inside.load());
+  EXPECT_TRUE(WaitUntil([this] { return gpu_.imports_destroyed() == 1; }));
+  unregisterer.join();
+  gpu_.set_after_add(nullptr);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #define HOSTKV_CLIENT_INCLUDE_HOSTKV_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,8 +59,10 @@ struct TransferOptions {
   uint32_t layer_begin = 0;
   uint32_t layer_end = 0;  // 0: every layer
   v1::CopyMechanism mechanism = v1::MECHANISM_UNSPECIFIED;
-  // CUDA backups: start once the import's "KV written" word reaches this
-  // value (GpuSignals::MarkKvWritten returns it); 0 = at once.
+  // CUDA loads and backups: start once the import's "KV written" mark word
+  // reaches this value (GpuSignals::MarkKvWritten returns it); 0 = at once.
+  // A load uses it to wait until the compute stream no longer reads the
+  // slots it overwrites.
   uint64_t wait_kv_written = 0;
 };
 
@@ -142,9 +145,9 @@ class Client {
                                    const TransferOptions& options = {});
 
   // Blocks until layer `layer` (an absolute layer index) of `op` is copied,
-  // without calling the daemon. (CUDA imports report completion of the
-  // whole operation to the host, so this returns once every layer is done;
-  // GpuSignals::WaitLayer waits per layer on a CUDA stream.) InvalidArgument if `op` does not cover the
+  // without calling the daemon. (CUDA imports publish each layer to the
+  // host too; GpuSignals::WaitLayer waits per layer on a CUDA stream
+  // instead, without the host.) InvalidArgument if `op` does not cover the
   // layer; Aborted if the daemon abandoned the operation; DeadlineExceeded.
   absl::Status WaitLayer(const Operation& op, uint32_t layer,
                          absl::Duration timeout = absl::Seconds(60));
@@ -167,6 +170,14 @@ class Client {
 
   // Closes the session: the daemon frees its pages and imports.
   absl::Status Close();
+
+  // Runs `fn` once, on a thread of the client's, if the session socket hangs
+  // up while the session is open: the daemon died or ended the session. An
+  // engine with GPU signals passes GpuSignals::ReleaseAll here, since no
+  // word its streams wait on would move again. Not run for Close() or the
+  // destructor. FailedPrecondition over TCP (no session socket) or when
+  // called a second time.
+  absl::Status OnDaemonLost(std::function<void()> fn);
 
  private:
   struct Impl;

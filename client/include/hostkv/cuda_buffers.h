@@ -21,6 +21,8 @@
 //   TransferOptions o;
 //   o.wait_kv_written = *(*signals)->MarkKvWritten(compute_stream);
 //   client->Backup("llama", *import, pages, slots, o);
+//   // if hostkvd dies, let the engine's streams go:
+//   client->OnDaemonLost([s = signals->get()] { s->ReleaseAll().IgnoreError(); });
 #ifndef HOSTKV_CLIENT_INCLUDE_HOSTKV_CUDA_BUFFERS_H_
 #define HOSTKV_CLIENT_INCLUDE_HOSTKV_CUDA_BUFFERS_H_
 
@@ -72,6 +74,16 @@ class GpuSignals {
   // starts after the work enqueued on `stream` before this call.
   absl::StatusOr<uint64_t> MarkKvWritten(cudaStream_t stream);
 
+  // Releases every wait on these words for good: writes 2^63 - 1 into every
+  // layer word and "KV written" on `stream` (null: a stream of its own,
+  // created at Create, so that a compute stream blocked in WaitLayer does
+  // not hold the release up), then waits for the write. For when the daemon
+  // is gone (Client::OnDaemonLost): no layer word would move again, and
+  // streams waiting on them would hang. Loads still waited for are then
+  // garbage: check Client::Wait, which reports them failed. The words must
+  // be zeroed before they are registered again.
+  absl::Status ReleaseAll(cudaStream_t stream = nullptr);
+
   // Reads word `index` (a layer, or num_layers for "KV written") from the
   // host, synchronously; for tests and diagnostics.
   absl::StatusOr<uint64_t> ReadWord(uint32_t index) const;
@@ -83,6 +95,7 @@ class GpuSignals {
   const uint32_t num_layers_;
   const int device_;
   uint64_t* const words_;
+  cudaStream_t release_stream_ = nullptr;
   uint64_t kv_written_ = 0;
   v1::DeviceBuffer buffer_;
 };
