@@ -42,10 +42,17 @@ dir=${dir:-build-gpu-bundle}
 case "$dir" in /*) ;; *) dir=$root/$dir ;; esac
 started=$(date +%s)
 
-# The GPU test binaries: the commands of the tests labelled `gpu`.
+# The GPU test binaries: the executables of the tests labelled `gpu`, read
+# from the generated CTestTestfile.cmake files (ctest -N prints no path for
+# an executable not built yet).
 gpu_tests() {
-  ctest --test-dir "$1" -N -V -L '^gpu$' | sed -n 's/^[0-9]*: Test command: //p' \
-    | awk '{print $1}'
+  find "$1" -name CTestTestfile.cmake -print0 | xargs -0 awk '
+    /^add_test\(/ { name = $1; sub(/^add_test\(\[=\[/, "", name); sub(/\]=\]$/, "", name)
+                    path = $2; gsub(/[")]/, "", path); paths[name] = path }
+    /^set_tests_properties\(/ && /LABELS "([^"]*;)?gpu(;[^"]*)?"/ {
+      name = $1; sub(/^set_tests_properties\(\[=\[/, "", name); sub(/\]=\]$/, "", name)
+      gpu[name] = 1 }
+    END { for (n in gpu) print paths[n] }' | sort
 }
 
 if [ -z "$from_build" ]; then

@@ -25,6 +25,8 @@ set -uo pipefail
 export PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}
 bundle=$(cd "$(dirname "$0")" && pwd)
 loader=$bundle/lib/ld-linux-x86-64.so.2
+# In case the copy that carried the bundle lost the mode bits.
+[ -x "$loader" ] || chmod +x "$loader" 2>/dev/null
 
 # ---------------------------------------------------------------- --check
 # One binary's libraries: every one resolved inside lib/, the driver's may
