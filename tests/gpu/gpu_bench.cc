@@ -529,7 +529,7 @@ int Main() {
     g_daemon = Check(gpu_testing::StartCudaDaemon(args, absl::Seconds(45)),
                      "starting hostkvd");
     target = g_daemon->target();
-    report.meta.push_back({"hostkvd", absl::StrCat(HOSTKVD_BINARY, " ",
+    report.meta.push_back({"hostkvd", absl::StrCat(testing::DaemonProcess::Binary(), " ",
                                                    absl::StrJoin(args, " "))});
   } else {
     report.meta.push_back({"hostkvd", target});

@@ -68,6 +68,12 @@ double MedianHopMicros(const Streams& s, int hops, int reps, Fn enqueue) {
 int Main(int argc, char** argv) {
   std::string out_dir = ".";
   int rounds = 1000;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help") {
+      std::printf("usage: hostkv_signal_bench [--out DIR] [--rounds N]\n");
+      return 0;
+    }
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--out") out_dir = argv[i + 1];

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -19,15 +20,43 @@
 namespace hostkv::testing {
 namespace {
 
+std::string Getenv(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// argv for hostkvd with `args`: the binary itself, or, with HOSTKVD_LOADER
+// set, that dynamic loader running it on HOSTKVD_LIBRARY_PATH (default: the
+// loader's own folder), as in the GPU bundle (tests/gpu/bundle.sh).
+std::vector<std::string> DaemonArgv(const std::vector<std::string>& args) {
+  std::vector<std::string> argv;
+  const std::string loader = Getenv("HOSTKVD_LOADER");
+  if (!loader.empty()) {
+    std::string libs = Getenv("HOSTKVD_LIBRARY_PATH");
+    if (libs.empty()) {
+      const size_t slash = loader.rfind('/');
+      libs = slash == std::string::npos ? "." : loader.substr(0, slash);
+    }
+    argv = {loader, "--library-path", libs, "--argv0", "hostkvd"};
+  }
+  argv.push_back(DaemonProcess::Binary());
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<std::string> strings = DaemonArgv(args);
   std::vector<char*> argv;
-  std::string binary = HOSTKVD_BINARY;
-  argv.push_back(binary.data());
-  std::vector<std::string> copy = args;
-  for (std::string& a : copy) argv.push_back(a.data());
+  for (std::string& a : strings) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
+    // The daemon dies with the thread that started it (a killed or timed-out
+    // test leaves no hostkvd behind); the check closes the race with a
+    // parent that died before prctl.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
     const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, STDERR_FILENO);
@@ -107,6 +136,11 @@ DaemonProcess::~DaemonProcess() {
     waitpid(pid_, nullptr, 0);
   }
   std::system(("rm -rf " + dir_).c_str());
+}
+
+std::string DaemonProcess::Binary() {
+  const std::string binary = Getenv("HOSTKVD_BINARY");
+  return binary.empty() ? HOSTKVD_BINARY : binary;
 }
 
 std::string DaemonProcess::log() const { return ReadFile(log_path_); }

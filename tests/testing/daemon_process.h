@@ -12,10 +12,14 @@ namespace hostkv::testing {
 
 class DaemonProcess {
  public:
-  // Starts HOSTKVD_BINARY with --listen=`listen` (default: a Unix socket
-  // in a fresh temp dir), a small memory reserve, and `extra_args`; waits
-  // until it logs that it listens (up to 10 s). started() says whether it
-  // did.
+  // Starts Binary() with --listen=`listen` (default: a Unix socket in a
+  // fresh temp dir), a small memory reserve, and `extra_args`; waits until
+  // it logs that it listens (up to 10 s). started() says whether it did.
+  // With HOSTKVD_LOADER set (a dynamic loader, e.g. the GPU bundle's
+  // lib/ld-linux-x86-64.so.2), the daemon runs through that loader with
+  // --library-path HOSTKVD_LIBRARY_PATH (default: the loader's folder); its
+  // pid is still the daemon's. The daemon gets SIGKILL when the thread that
+  // started it dies (PR_SET_PDEATHSIG).
   explicit DaemonProcess(std::vector<std::string> extra_args = {},
                          std::string listen = "");
   ~DaemonProcess();  // SIGTERM (then SIGKILL) if the daemon still runs
@@ -30,6 +34,10 @@ class DaemonProcess {
   // Sends `signal` and waits for the exit; returns the exit code (or 128 +
   // signal number if killed), -1 on timeout.
   int Stop(int signal, int timeout_ms = 10000);
+
+  // The hostkvd binary: $HOSTKVD_BINARY when set and not empty, else the
+  // build's own (the HOSTKVD_BINARY definition compiled in).
+  static std::string Binary();
 
   // Runs hostkvd with `args` to completion (for start-up failures); returns
   // its exit code and puts its stderr in *log.

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# run.sh of the GPU bundle (written by tests/gpu/bundle.sh; this is its
+# source, tests/gpu/bundle_run.sh). Needs nothing of the machine but bash,
+# coreutils, tar and the NVIDIA driver: every binary runs through the
+# bundle's own loader and libraries.
+#
+#   run.sh           on a GPU machine: every GPU test binary, then the signal
+#                    benchmark and the GPU benchmark; at most 6 minutes on an
+#                    H200 (each phase under timeout, all under one deadline).
+#                    Without a GPU: one line, exit 3.
+#   run.sh --check   on any machine: every binary's libraries resolve inside
+#                    lib/ (the driver's may be missing) and every binary
+#                    starts, in an empty environment (env -i). Exit 0 if so.
+#
+# Results go to $OUT (default ./gpu-results), at most 4 files:
+#   summary.txt  the machine, tests passed/failed/skipped per binary, the
+#                benchmark tables, the phases' times (also printed last)
+#   gpu_bench.json, gpu_bench.md   the GPU benchmark's results
+#   logs.tar.gz  everything else: gtest logs and XML, hostkvd logs, the
+#                signal benchmark's results, machine.txt
+# Exit status: 3 without a GPU; 1 when a test failed, timed out or was
+# skipped (a skip on a GPU machine counts as a failure); else the GPU
+# benchmark's exit status.
+set -uo pipefail
+export PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}
+bundle=$(cd "$(dirname "$0")" && pwd)
+loader=$bundle/lib/ld-linux-x86-64.so.2
+# In case the copy that carried the bundle lost the mode bits.
+[ -x "$loader" ] || chmod +x "$loader" 2>/dev/null
+
+# ---------------------------------------------------------------- --check
+# One binary's libraries: every one resolved inside lib/, the driver's may
+# be "not found"; prints what is wrong.
+check_libraries() {
+  local bin=$1 listing line name path bad=0
+  if ! listing=$(env -i "$loader" --library-path "$bundle/lib" --list "$bin" 2>&1); then
+    echo "FAIL $bin: the loader cannot list it: $listing"
+    return 1
+  fi
+  while read -r line; do
+    [ -n "$line" ] || continue
+    name=${line%% *}
+    case "$line" in
+      *" => not found"*)
+        case "$name" in libcuda.so*|libnvidia-*) continue ;; esac
+        echo "FAIL $(basename "$bin"): $name not found"; bad=1 ;;
+      *" => "*)
+        path=$(echo "$line" | sed 's/.* => \(.*\) (0x.*/\1/')
+        case "$(readlink -f "$path")" in
+          "$bundle"/lib/*) ;;
+          *) echo "FAIL $(basename "$bin"): $name resolves outside the bundle: $path"; bad=1 ;;
+        esac ;;
+      linux-vdso.so.*|/lib64/ld-linux-x86-64.so.2*|"$loader"*) ;;  # the loader: ours
+      "statically linked") ;;  # a library that needs no other
+      *) echo "FAIL $(basename "$bin"): unexpected line: $line"; bad=1 ;;
+    esac
+  done <<< "$listing"
+  return $bad
+}
+
+# Runs `bin args` through the loader in an empty environment; it must exit
+# with `want` and print something matching `pattern`.
+check_starts() {
+  local bin=$1 want=$2 pattern=$3 output rc
+  shift 3
+  output=$(env -i timeout -k 5 30 "$loader" --library-path "$bundle/lib" "$bin" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want" ] || ! grep -qE "$pattern" <<< "$output"; then
+    echo "FAIL $(basename "$bin") $*: exit $rc (want $want), output:"
+    head -n 5 <<< "$output" | sed 's/^/    /'
+    return 1
+  fi
+}
+
+run_check() {
+  local failed=0 bin lib t
+  [ -x "$loader" ] || { echo "FAIL: no loader at $loader"; return 1; }
+  for bin in "$bundle"/bin/*; do
+    check_libraries "$bin" || failed=1
+  done
+  # The libraries themselves (this also covers those only the driver loads).
+  for lib in "$bundle"/lib/*.so*; do
+    [ "$lib" = "$loader" ] && continue
+    check_libraries "$lib" || failed=1
+  done
+  check_starts "$bundle/bin/hostkvd" 0 "hostkvd|version" --version || failed=1
+  check_starts "$bundle/bin/hostkv_gpu_bench" 0 "hostkv_gpu_bench|version" --version || failed=1
+  check_starts "$bundle/bin/hostkv_signal_bench" 0 "usage" --help || failed=1
+  [ -s "$bundle/tests.txt" ] || { echo "FAIL: no tests.txt"; failed=1; }
+  while read -r t; do
+    [ -n "$t" ] || continue
+    if [ ! -f "$bundle/bin/$t" ]; then echo "FAIL: $t is in tests.txt, not in bin/"; failed=1; continue; fi
+    check_starts "$bundle/bin/$t" 0 '^[A-Za-z0-9_/]+\.$' --gtest_list_tests || failed=1
+  done < "$bundle/tests.txt"
+  if [ "$failed" -eq 0 ]; then
+    echo "bundle check passed: $(ls "$bundle/bin" | wc -l) binaries and $(ls "$bundle/lib" | wc -l) libraries of $bundle resolve inside it and start under env -i"
+  else
+    echo "bundle check FAILED ($bundle)"
+  fi
+  return $failed
+}
+
+if [ "${1:-}" = "--check" ]; then
+  run_check
+  exit $?
+fi
+[ $# -eq 0 ] || { echo "usage: run.sh [--check]" >&2; exit 2; }
+
+# ------------------------------------------------------------- the GPU run
+gpu_line=$(timeout -k 2 8 nvidia-smi -L 2>/dev/null | grep -m 1 "^GPU ")
+# HOSTKV_BUNDLE_ASSUME_GPU=1 skips this check, to try the phases of this
+# script on a machine without a GPU (the tests then skip: counted as failed).
+if [ -z "$gpu_line" ] && [ "${HOSTKV_BUNDLE_ASSUME_GPU:-0}" != 1 ] \
+    && ! { [ -e /dev/nvidia0 ] && ls /dev/nvidiactl > /dev/null 2>&1; }; then
+  echo "run.sh: no GPU here (nvidia-smi -L lists none, no /dev/nvidia0): nothing run"
+  exit 3
+fi
+
+started=$(date +%s)
+deadline=$((started + 340))  # all phases end by then: under 6 minutes
+OUT=${OUT:-$PWD/gpu-results}
+mkdir -p "$OUT"
+rm -f "$OUT/summary.txt" "$OUT/gpu_bench.json" "$OUT/gpu_bench.md" "$OUT/logs.tar.gz"
+work=$(mktemp -d /tmp/hostkv-gpu-run.XXXXXX)
+logs=$work/logs
+mkdir -p "$logs/daemon-logs"
+phase() { echo "[$(($(date +%s) - started))s] $*" | tee -a "$logs/phases.txt"; }
+
+# The driver's libcuda.so.1: its folder goes after ours on the library path
+# (--library-path replaces LD_LIBRARY_PATH), so the driver's libraries load
+# and ours win for everything else.
+cuda_dir=""
+for d in $(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" && /x86-64/ {print $NF}' | xargs -r -n 1 dirname) \
+    ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }} /usr/local/nvidia/lib64 /usr/local/nvidia/lib \
+    /usr/lib/x86_64-linux-gnu /usr/lib64 /lib/x86_64-linux-gnu /usr/local/cuda/compat; do
+  if [ -e "$d/libcuda.so.1" ]; then cuda_dir=$d; break; fi
+done
+libpath=$bundle/lib${cuda_dir:+:$cuda_dir}
+export HOSTKVD_BINARY=$bundle/bin/hostkvd HOSTKVD_LOADER=$loader HOSTKVD_LIBRARY_PATH=$libpath
+export HOSTKV_GPU_TEST_LOGS=$logs/daemon-logs
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode \
+    --format=csv,noheader
+  nvidia-smi | head -n 4 | tail -n 1  # the CUDA version the driver supports
+  echo "libcuda.so.1: ${cuda_dir:-not found in the usual places (left to the loader)}"
+  echo "kernel: $(uname -r); machine glibc: $(ldd --version 2>/dev/null | head -n 1)"
+  echo "cores: $(nproc)"
+  free -g | head -n 2
+  df -h /dev/shm
+  head -n 3 "$bundle/MANIFEST"
+} > "$logs/machine.txt" 2>&1
+machine_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 || echo "$gpu_line"); $(nproc) cores; $(sed -n 2p "$bundle/MANIFEST")"
+
+# hostkvd's pools live in /dev/shm: the tests need ~0.5 GiB, the benchmark
+# ~2.5 GiB (it shrinks its transfers to fit). A small /dev/shm is raised
+# when we may.
+shm_kib=$(df -k --output=size /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')
+if [ "${shm_kib:-0}" -lt $((4 * 1024 * 1024)) ] && [ "$(id -u)" -eq 0 ]; then
+  mount -o remount,size=16G /dev/shm >> "$logs/machine.txt" 2>&1 \
+    && echo "/dev/shm remounted with 16G" >> "$logs/machine.txt"
+fi
+ls -d /dev/shm/hostkv* 2>/dev/null | sort > "$work/shm-before"
+
+# One phase: `name limit command...`, through our loader, in its own process
+# group (timeout makes one), output to logs/name.log; the group is killed
+# afterwards, so no daemon outlives its phase. Sets phase_rc.
+current=""
+run_phase() {
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((deadline - $(date +%s)))
+  [ "$limit" -le "$left" ] || limit=$left
+  if [ "$limit" -lt 5 ]; then
+    phase "$name: not run (the run's deadline)"
+    phase_rc="not run"
+    return
+  fi
+  phase "$name (limit ${limit}s)"
+  timeout -k 10 "$limit" "$loader" --library-path "$libpath" "$@" \
+    > "$logs/$name.log" 2>&1 < /dev/null &
+  current=$!
+  wait "$current"
+  phase_rc=$?
+  kill -KILL -- "-$current" 2>/dev/null
+  current=""
+  [ "$phase_rc" -eq 124 ] || [ "$phase_rc" -eq 137 ] && phase_rc="$phase_rc (timed out after ${limit}s)"
+}
+
+cleanup_shm() {
+  ls -d /dev/shm/hostkv* 2>/dev/null | sort | comm -13 "$work/shm-before" - | xargs -r rm -rf
+}
+pack() {
+  cp "$work"/bench/gpu_bench.json "$work"/bench/gpu_bench.md "$OUT/" 2>/dev/null
+  cp -r "$work/bench" "$logs/" 2>/dev/null
+  tar -czf "$OUT/logs.tar.gz" -C "$work" logs 2>/dev/null
+}
+on_signal() {
+  [ -n "$current" ] && kill -KILL -- "-$current" 2>/dev/null
+  cleanup_shm
+  phase "interrupted"
+  write_summary
+  pack
+  exit 130
+}
+trap on_signal INT TERM
+
+# The counts in a gtest log: "passed failed skipped", from its summary lines.
+gtest_counts() {
+  local p f s
+  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$1" | tail -n 1)
+  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$1" | tail -n 1)
+  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$1" | tail -n 1)
+  echo "${p:-?} passed, ${f:-0} failed, ${s:-0} skipped"
+}
+
+declare -A test_result
+tests_failed=0
+signal_rc="not run"
+bench_rc="not run"
+write_summary() {
+  local t
+  {
+    echo "== machine: $machine_line"
+    echo
+    echo "== GPU tests"
+    while read -r t; do
+      [ -n "$t" ] || continue
+      echo "$t: ${test_result[$t]:-not run}"
+      grep -hE "^\[  FAILED  \] [A-Za-z]" "$logs/$t.log" 2>/dev/null | sort -u | head -n 20 | sed 's/^/    /'
+    done < "$bundle/tests.txt"
+    # Why tests skipped, and what they report, from the test logs only.
+    sed 's@.*@'"$logs"'/&.log@' "$bundle/tests.txt" | xargs -r grep -h -m 1 "cudaGetDeviceCount" 2>/dev/null | head -n 1
+    sed 's@.*@'"$logs"'/&.log@' "$bundle/tests.txt" | xargs -r grep -h "^\[   INFO   \]" 2>/dev/null
+    echo
+    echo "== signal latency (hostkv_signal_bench): exit code $signal_rc"
+    [ -s "$work/bench/signal_bench.md" ] && cat "$work/bench/signal_bench.md"
+    [ "$signal_rc" != 0 ] && [ -s "$logs/signal_bench.log" ] && tail -n 5 "$logs/signal_bench.log"
+    echo
+    echo "== phases"
+    cat "$logs/phases.txt"
+    echo
+    echo "== GPU benchmark (hostkv_gpu_bench): exit code $bench_rc"
+    if [ -s "$work/bench/gpu_bench.md" ]; then
+      cat "$work/bench/gpu_bench.md"
+    elif [ -s "$logs/gpu_bench.log" ]; then
+      tail -n 30 "$logs/gpu_bench.log"
+    fi
+  } > "$OUT/summary.txt"
+}
+
+# Limits in seconds (the deadline also bounds them all): the tests' own
+# estimates on an H200 are ~1 minute for gpu_transfer_test, seconds for the
+# others; the benchmark skips its remaining cases after --max_seconds.
+declare -A limit=([gpu_layout_offsets_test]=30 [gpu_copy_kernels_test]=60 [gpu_transfer_test]=120)
+mkdir -p "$work/bench" "$logs/gtest"
+while read -r t; do
+  [ -n "$t" ] || continue
+  run_phase "$t" "${limit[$t]:-60}" "$bundle/bin/$t" --gtest_brief=1 \
+    "--gtest_output=xml:$logs/gtest/$t.xml"
+  test_result[$t]="$(gtest_counts "$logs/$t.log") (exit $phase_rc)"
+  if [ "$phase_rc" != 0 ] || grep -q "^\[  SKIPPED \]" "$logs/$t.log"; then
+    tests_failed=1  # a skip with a GPU present counts: see the log for why
+  fi
+  cleanup_shm
+  write_summary
+  pack
+done < "$bundle/tests.txt"
+
+run_phase signal_bench 30 "$bundle/bin/hostkv_signal_bench" --out "$work/bench"
+signal_rc=$phase_rc
+cleanup_shm
+write_summary
+pack
+
+bench_limit=130
+left=$((deadline - $(date +%s)))
+[ "$bench_limit" -le "$left" ] || bench_limit=$left
+# The daemon's start and pinning, the MLA model and the report take the rest.
+max_seconds=$((bench_limit - 55 > 10 ? bench_limit - 55 : 10))
+run_phase gpu_bench "$bench_limit" "$bundle/bin/hostkv_gpu_bench" --out="$work/bench" \
+  "--max_seconds=$max_seconds"
+bench_rc=$phase_rc
+cleanup_shm
+phase "done"
+write_summary
+pack
+rm -rf "$work"
+cat "$OUT/summary.txt"
+[ "$tests_failed" -eq 0 ] || exit 1
+[[ "$bench_rc" =~ ^[0-9]+$ ]] && exit "$bench_rc"
+exit 1
