@@ -2,6 +2,7 @@
 
 #include <cstddef>
 
+#include "absl/strings/match.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
@@ -21,11 +22,19 @@ bool ConstantTimeEquals(absl::string_view presented,
   return diff == 0;
 }
 
-TokenAuthorizer::TokenAuthorizer(const std::string& token)
-    : expected_(token.empty() ? std::string() : "Bearer " + token) {}
+TokenAuthorizer::TokenAuthorizer(const std::string& token) : expected_(token) {}
 
 bool TokenAuthorizer::Matches(absl::string_view authorization) const {
-  return !required() || ConstantTimeEquals(authorization, expected_);
+  if (!required()) return true;
+  // "Bearer <token>": the scheme is case-insensitive (RFC 7235 section 2.1,
+  // RFC 6750), the token is compared in constant time.
+  constexpr absl::string_view kScheme = "bearer ";
+  const bool scheme = authorization.size() >= kScheme.size() &&
+                      absl::EqualsIgnoreCase(authorization.substr(0, kScheme.size()),
+                                             kScheme);
+  const absl::string_view token =
+      scheme ? authorization.substr(kScheme.size()) : absl::string_view();
+  return ConstantTimeEquals(token, expected_) && scheme;
 }
 
 bool TokenAuthorizer::Allows(const grpc::ServerContext& context) const {

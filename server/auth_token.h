@@ -39,7 +39,7 @@ class TokenAuthorizer {
   grpc::Status Check(const grpc::ServerContext& context) const;
 
  private:
-  const std::string expected_;  // "Bearer <token>", or empty
+  const std::string expected_;  // the token, or empty
   mutable WarningThrottle warnings_{absl::Seconds(10)};
 };
 

@@ -158,6 +158,7 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
                                                  const char* reason) {
   session.MarkEnding();
+  sessions_->RecordEnd(session.id(), reason);
   if (metrics_ != nullptr) metrics_->RecordSessionEnd(reason);
   session.signals()->Cancel();
   // Its queued CPU operations end now rather than when their turn comes.

@@ -126,7 +126,7 @@ absl::Status SessionRegistry::Attach(const SessionId& id,
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError("no open session with this id (never opened, or closed)");
+    return Unknown(id);
   }
   Session& session = *it->second;
   if (session.attached()) {
@@ -152,10 +152,39 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError("no open session with this id (never opened, or closed)");
+    return Unknown(id);
   }
   it->second->Touch();
   return it->second;
+}
+
+absl::Status SessionRegistry::Unknown(const SessionId& id) const {
+  auto it = ended_.find(id);
+  if (it == ended_.end()) {
+    return absl::NotFoundError("no open session with this id (never opened, or closed)");
+  }
+  if (it->second == "lease_expired") {
+    return absl::NotFoundError(
+        "the session's lease expired (no request within --session_lease and "
+        "no session socket attached); open a new session");
+  }
+  if (it->second == "disconnected") {
+    return absl::NotFoundError(
+        "the session ended when its session socket closed; open a new session");
+  }
+  return absl::NotFoundError(absl::StrCat("the session ended (", it->second,
+                                          "); open a new session"));
+}
+
+void SessionRegistry::RecordEnd(const SessionId& id, const std::string& reason) {
+  constexpr size_t kRemembered = 1024;
+  absl::MutexLock lock(&mu_);
+  if (!ended_.emplace(id, reason).second) return;
+  ended_order_.push_back(id);
+  if (ended_order_.size() > kRemembered) {
+    ended_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::FindByNumber(
@@ -197,7 +226,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Remove(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError("no open session with this id (never opened, or closed)");
+    return Unknown(id);
   }
   std::shared_ptr<Session> session = std::move(it->second);
   sessions_.erase(it);

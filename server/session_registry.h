@@ -3,6 +3,7 @@
 #define HOSTKV_SERVER_SESSION_REGISTRY_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,12 @@ class SessionRegistry {
   // By session number.
   std::vector<std::shared_ptr<Session>> List() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Remembers why session `id` ended ("closed", "disconnected",
+  // "lease_expired"), so that later requests naming it learn why (the last
+  // 1024 ended sessions).
+  void RecordEnd(const SessionId& id, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Imports held by the attached sessions of `uid`.
   uint32_t ImportsOfUid(uint32_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -81,6 +88,8 @@ class SessionRegistry {
 
  private:
   absl::Status CheckIdFormat(const SessionId& id) const;
+  // NotFound for `id`, saying why if it ended recently.
+  absl::Status Unknown(const SessionId& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the count Open or Attach took for `session`.
   void Uncount(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -96,6 +105,8 @@ class SessionRegistry {
   uint32_t opening_ ABSL_GUARDED_BY(mu_) = 0;  // counted, not yet in sessions_
   uint32_t unattached_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint32_t, uint32_t> attached_per_uid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionId, std::string> ended_ ABSL_GUARDED_BY(mu_);
+  std::deque<SessionId> ended_order_ ABSL_GUARDED_BY(mu_);
 };
 
 // kSessionIdBytes random bytes from the kernel (getrandom).

@@ -33,8 +33,13 @@ TEST(TokenAuthorizerTest, MatchesBearerTokenOnly) {
   EXPECT_FALSE(authorizer.Matches("s3cret"));
   EXPECT_FALSE(authorizer.Matches("Bearer s3creT"));
   EXPECT_FALSE(authorizer.Matches("Bearer s3cret "));
-  EXPECT_FALSE(authorizer.Matches("bearer s3cret"));
+  EXPECT_FALSE(authorizer.Matches("Basic s3cret"));
+  EXPECT_FALSE(authorizer.Matches("Bearers3cret"));
   EXPECT_FALSE(authorizer.Matches(""));
+  // The scheme is case-insensitive (RFC 7235), the token is not.
+  EXPECT_TRUE(authorizer.Matches("bearer s3cret"));
+  EXPECT_TRUE(authorizer.Matches("BEARER s3cret"));
+  EXPECT_FALSE(authorizer.Matches("bearer S3CRET"));
 }
 
 TEST(TokenAuthorizerTest, NoTokenAllowsEverything) {

@@ -650,7 +650,10 @@ TEST_F(RequestHandlerTest, IdleUnattachedSessionsExpire) {
   EXPECT_OK(sessions_.Get(idle));
   absl::SleepFor(absl::Milliseconds(5));
   handler_.ExpireIdleSessions(absl::Milliseconds(1));
-  EXPECT_ERROR(NotFound, sessions_.Get(idle));
+  auto expired = sessions_.Get(idle);
+  EXPECT_ERROR(NotFound, expired);
+  EXPECT_NE(std::string::npos, expired.status().message().find("lease expired"))
+      << expired.status();
   EXPECT_OK(sessions_.Get(attached));  // attached sessions have no lease
   EXPECT_EQ(14u, pools_.Get("p").value()->allocator().free_pages());
   EXPECT_OK(handler_.EndSession(attached, "test"));
