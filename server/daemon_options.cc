@@ -109,9 +109,10 @@ ABSL_FLAG(std::string, shm_group, "",
 ABSL_FLAG(int, kernel_blocks, 0,
           "thread blocks per copy-kernel launch (0 = the kernel's default, "
           "16: few, as they share the GPU with the engine's kernels)");
-ABSL_FLAG(absl::Duration, gpu_wait_timeout, absl::Seconds(60),
-          "a CUDA transfer still waiting for the engine's mark (wait_kv_written) "
-          "after this long is released and reported failed");
+ABSL_FLAG(
+    absl::Duration, gpu_wait_timeout, absl::Seconds(60),
+    "a CUDA transfer still waiting for the engine's mark (wait_kv_written) "
+    "after this long is released and reported failed");
 ABSL_FLAG(bool, dma_prefer_overlap, true,
           "MECHANISM_DIRECT batches ask the driver to prefer copy engines that "
           "overlap with compute (cudaMemcpyFlagPreferOverlapWithCompute)");
@@ -119,22 +120,41 @@ ABSL_FLAG(bool, dma_prefer_overlap, true,
 namespace hostkv {
 namespace {
 
-const std::vector<std::string> kFlagNames = {
-    "listen",        "socket_mode",     "socket_group",   "session_lease",
-    "allow_unverified_shm_names",       "auth_token_file", "memory_budget",
-    "memory_reserve", "log_level",      "log_format",     "metrics_listen",
-    "copy_threads",  "signal_records",  "max_page_io",    "cuda",
-    "pin_chunk",     "kernel_blocks",   "max_sessions",   "max_sessions_per_uid",
-    "max_unattached_sessions",          "max_session_connections",
-    "max_session_connections_per_uid",  "attach_timeout",
-    "max_imports_per_session",          "max_import_bytes_per_session",
-    "max_imports_per_uid",              "max_pools_per_uid",
-    "max_pool_bytes_per_uid",           "pool_access",
-    "config_pool_access",               "shm_group",
-    "health_probe_without_token",       "max_health_watches",
-    "gpu_wait_timeout",                 "dma_prefer_overlap"};
-
-
+const std::vector<std::string> kFlagNames = {"listen",
+                                             "socket_mode",
+                                             "socket_group",
+                                             "session_lease",
+                                             "allow_unverified_shm_names",
+                                             "auth_token_file",
+                                             "memory_budget",
+                                             "memory_reserve",
+                                             "log_level",
+                                             "log_format",
+                                             "metrics_listen",
+                                             "copy_threads",
+                                             "signal_records",
+                                             "max_page_io",
+                                             "cuda",
+                                             "pin_chunk",
+                                             "kernel_blocks",
+                                             "max_sessions",
+                                             "max_sessions_per_uid",
+                                             "max_unattached_sessions",
+                                             "max_session_connections",
+                                             "max_session_connections_per_uid",
+                                             "attach_timeout",
+                                             "max_imports_per_session",
+                                             "max_import_bytes_per_session",
+                                             "max_imports_per_uid",
+                                             "max_pools_per_uid",
+                                             "max_pool_bytes_per_uid",
+                                             "pool_access",
+                                             "config_pool_access",
+                                             "shm_group",
+                                             "health_probe_without_token",
+                                             "max_health_watches",
+                                             "gpu_wait_timeout",
+                                             "dma_prefer_overlap"};
 
 absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
   absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
@@ -179,8 +199,9 @@ absl::StatusOr<uint32_t> CountFlag(const char* name, int value, int min = 1) {
 }
 
 absl::Status ReadTenantLimits(DaemonOptions& o) {
-  ASSIGN_OR_RETURN(o.sessions.max_sessions,
-                   CountFlag("max_sessions", absl::GetFlag(FLAGS_max_sessions)));
+  ASSIGN_OR_RETURN(
+      o.sessions.max_sessions,
+      CountFlag("max_sessions", absl::GetFlag(FLAGS_max_sessions)));
   ASSIGN_OR_RETURN(o.sessions.max_sessions_per_uid,
                    CountFlag("max_sessions_per_uid",
                              absl::GetFlag(FLAGS_max_sessions_per_uid)));
@@ -190,12 +211,14 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
   ASSIGN_OR_RETURN(o.connections.max_connections,
                    CountFlag("max_session_connections",
                              absl::GetFlag(FLAGS_max_session_connections)));
-  ASSIGN_OR_RETURN(o.connections.max_connections_per_uid,
-                   CountFlag("max_session_connections_per_uid",
-                             absl::GetFlag(FLAGS_max_session_connections_per_uid)));
+  ASSIGN_OR_RETURN(
+      o.connections.max_connections_per_uid,
+      CountFlag("max_session_connections_per_uid",
+                absl::GetFlag(FLAGS_max_session_connections_per_uid)));
   o.connections.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
   if (o.connections.attach_timeout < absl::Milliseconds(100)) {
-    return absl::InvalidArgumentError("--attach_timeout must be at least 100ms");
+    return absl::InvalidArgumentError(
+        "--attach_timeout must be at least 100ms");
   }
   ASSIGN_OR_RETURN(o.limits.max_imports_per_session,
                    CountFlag("max_imports_per_session",
@@ -237,20 +260,24 @@ absl::Status ResolveAddress(DaemonOptions& o) {
   o.listen = absl::StartsWith(listen, "tcp:") ? "127.0.0.1:" + listen.substr(4)
                                               : listen;
   if (absl::StartsWith(o.listen, "unix:")) o.socket_path = o.listen.substr(5);
-  if (!absl::numbers_internal::safe_strtou32_base(absl::GetFlag(FLAGS_socket_mode),
-                                                  &o.socket_mode, 8) ||
+  if (!absl::numbers_internal::safe_strtou32_base(
+          absl::GetFlag(FLAGS_socket_mode), &o.socket_mode, 8) ||
       o.socket_mode > 0777) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--socket_mode: '", absl::GetFlag(FLAGS_socket_mode),
-        "' is not an octal mode such as 0660"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket_mode: '", absl::GetFlag(FLAGS_socket_mode),
+                     "' is not an octal mode such as 0660"));
   }
-  ASSIGN_OR_RETURN(o.socket_gid, ResolveGroup(absl::GetFlag(FLAGS_socket_group)));
-  ASSIGN_OR_RETURN(o.auth_token, ReadToken(absl::GetFlag(FLAGS_auth_token_file)));
+  ASSIGN_OR_RETURN(o.socket_gid,
+                   ResolveGroup(absl::GetFlag(FLAGS_socket_group)));
+  ASSIGN_OR_RETURN(o.auth_token,
+                   ReadToken(absl::GetFlag(FLAGS_auth_token_file)));
   o.health.auth_token = o.auth_token;
-  o.health.probe_without_token = absl::GetFlag(FLAGS_health_probe_without_token);
+  o.health.probe_without_token =
+      absl::GetFlag(FLAGS_health_probe_without_token);
   o.health.max_watches = absl::GetFlag(FLAGS_max_health_watches);
   if (o.health.max_watches < 0 || o.health.max_watches > 65536) {
-    return absl::InvalidArgumentError("--max_health_watches must be in [0, 65536]");
+    return absl::InvalidArgumentError(
+        "--max_health_watches must be in [0, 65536]");
   }
   return absl::OkStatus();
 }
@@ -260,12 +287,15 @@ absl::Status ResolveAddress(DaemonOptions& o) {
 absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
   DaemonOptions o;
   RETURN_IF_ERROR(ResolveAddress(o));
-  ASSIGN_OR_RETURN(o.budget, ByteFlag("memory_budget", absl::GetFlag(FLAGS_memory_budget)));
-  ASSIGN_OR_RETURN(o.reserve, ByteFlag("memory_reserve", absl::GetFlag(FLAGS_memory_reserve)));
+  ASSIGN_OR_RETURN(
+      o.budget, ByteFlag("memory_budget", absl::GetFlag(FLAGS_memory_budget)));
+  ASSIGN_OR_RETURN(o.reserve, ByteFlag("memory_reserve",
+                                       absl::GetFlag(FLAGS_memory_reserve)));
   ASSIGN_OR_RETURN(o.limits.max_page_io_bytes,
                    ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io)));
   o.limits.reserved_segment_prefix = "/hostkv.";
-  o.limits.allow_unverified_shm_names = absl::GetFlag(FLAGS_allow_unverified_shm_names);
+  o.limits.allow_unverified_shm_names =
+      absl::GetFlag(FLAGS_allow_unverified_shm_names);
   o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
   RETURN_IF_ERROR(ReadTenantLimits(o));
   if (o.limits.session_lease < absl::Seconds(1)) {
@@ -277,8 +307,8 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
   }
   o.cuda = absl::GetFlag(FLAGS_cuda);
   if (o.cuda != "auto" && o.cuda != "on" && o.cuda != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--cuda: '", o.cuda, "' is not one of auto, on, off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda: '", o.cuda, "' is not one of auto, on, off"));
   }
   ASSIGN_OR_RETURN(o.gpu.pin_chunk_bytes,
                    ByteFlag("pin_chunk", absl::GetFlag(FLAGS_pin_chunk)));
@@ -292,25 +322,26 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
   o.gpu.kernel_blocks = static_cast<unsigned>(blocks);
   o.gpu.wait_timeout = absl::GetFlag(FLAGS_gpu_wait_timeout);
   if (o.gpu.wait_timeout < absl::Milliseconds(100)) {
-    return absl::InvalidArgumentError("--gpu_wait_timeout must be at least 100ms");
+    return absl::InvalidArgumentError(
+        "--gpu_wait_timeout must be at least 100ms");
   }
   o.gpu.dma_prefer_overlap = absl::GetFlag(FLAGS_dma_prefer_overlap);
   const int threads = absl::GetFlag(FLAGS_copy_threads);
   // Copies saturate memory bandwidth with few threads; a core left free keeps
   // the replies and the layer signals from waiting for a CPU.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  o.copy_threads = threads > 0 ? static_cast<unsigned>(threads)
-                               : std::max(1u, cores - 1);
+  o.copy_threads =
+      threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, cores - 1);
   o.config_path = absl::GetFlag(FLAGS_config);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   return o;
 }
 
-
 const std::vector<std::string>& DaemonFlagNames() { return kFlagNames; }
 
 absl::Status SetUpLoggingFromFlags() {
-  return SetUpLogging(absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_format));
+  return SetUpLogging(absl::GetFlag(FLAGS_log_level),
+                      absl::GetFlag(FLAGS_log_format));
 }
 
 }  // namespace hostkv

@@ -51,7 +51,8 @@ absl::Status CheckPoolUse(const std::string& name, const v1::PoolOwner& owner,
     }
   } else {
     if (who.peer->uid == owner.uid()) return absl::OkStatus();
-    if (owner.access() == v1::POOL_ACCESS_GROUP && who.peer->InGroup(owner.gid())) {
+    if (owner.access() == v1::POOL_ACCESS_GROUP &&
+        who.peer->InGroup(owner.gid())) {
       return absl::OkStatus();
     }
   }
@@ -65,13 +66,14 @@ absl::Status CheckPoolUse(const std::string& name, const v1::PoolOwner& owner,
 absl::Status CheckPoolAdmin(const std::string& name, const v1::PoolOwner& owner,
                             const Principal& who) {
   if (who.root()) return absl::OkStatus();
-  if (owner.unverified() ? !who.peer.has_value()
-                         : who.peer.has_value() && who.peer->uid == owner.uid()) {
+  if (owner.unverified()
+          ? !who.peer.has_value()
+          : who.peer.has_value() && who.peer->uid == owner.uid()) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "pool '", name, "' belongs to ", Whose(owner),
-      ": only its owner or root may delete or redefine it"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("pool '", name, "' belongs to ", Whose(owner),
+                   ": only its owner or root may delete or redefine it"));
 }
 
 absl::StatusOr<v1::PoolAccess> ParsePoolAccess(const std::string& text) {

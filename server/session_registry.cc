@@ -42,9 +42,9 @@ SessionRegistry::SessionRegistry(std::string segment_prefix,
 
 absl::Status SessionRegistry::CheckIdFormat(const SessionId& id) const {
   if (id.size() != kSessionIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session_id must be the ", kSessionIdBytes,
-        " bytes OpenSession returned, got ", id.size(), " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_id must be the ", kSessionIdBytes,
+                     " bytes OpenSession returned, got ", id.size(), " bytes"));
   }
   return absl::OkStatus();
 }
@@ -72,7 +72,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     } else {
       if (unattached_ >= limits_.max_unattached_sessions) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            unattached_, " sessions without a session socket are open, the "
+            unattached_,
+            " sessions without a session socket are open, the "
             "most --max_unattached_sessions allows (clients on the daemon's "
             "Unix socket open theirs over the session socket instead)"));
       }
@@ -97,8 +98,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
       (uint64_t{signal_records_} * sizeof(OpSignal) + page - 1) / page * page;
   BudgetReservation memory;
   if (budget_ != nullptr) {
-    if (absl::Status s = budget_->Reserve(absl::StrCat("session ", tag, "'s signal records"),
-                                          signal_bytes);
+    if (absl::Status s = budget_->Reserve(
+            absl::StrCat("session ", tag, "'s signal records"), signal_bytes);
         !s.ok()) {
       uncount();
       return s;
@@ -111,9 +112,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     uncount();
     return signals.status();
   }
-  auto session = std::make_shared<Session>(id, tag, client_name, pid,
-                                           std::move(*signals), std::move(memory));
-  if (peer.has_value()) session->Attach(*peer).IgnoreError();  // fresh: cannot fail
+  auto session = std::make_shared<Session>(
+      id, tag, client_name, pid, std::move(*signals), std::move(memory));
+  if (peer.has_value())
+    session->Attach(*peer).IgnoreError();  // fresh: cannot fail
   absl::MutexLock lock(&mu_);
   --opening_;
   sessions_[id] = session;
@@ -135,9 +137,9 @@ absl::Status SessionRegistry::Attach(const SessionId& id,
   }
   uint32_t& count = attached_per_uid_[peer.uid];
   if (count >= limits_.max_sessions_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "uid ", peer.uid, " has ", count,
-        " sessions open, the most --max_sessions_per_uid allows"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", peer.uid, " has ", count,
+                     " sessions open, the most --max_sessions_per_uid allows"));
   }
   RETURN_IF_ERROR(session.Attach(peer));
   ++count;
@@ -161,7 +163,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(
 absl::Status SessionRegistry::Unknown(const SessionId& id) const {
   auto it = ended_.find(id);
   if (it == ended_.end()) {
-    return absl::NotFoundError("no open session with this id (never opened, or closed)");
+    return absl::NotFoundError(
+        "no open session with this id (never opened, or closed)");
   }
   if (it->second == "lease_expired") {
     return absl::NotFoundError(
@@ -172,11 +175,12 @@ absl::Status SessionRegistry::Unknown(const SessionId& id) const {
     return absl::NotFoundError(
         "the session ended when its session socket closed; open a new session");
   }
-  return absl::NotFoundError(absl::StrCat("the session ended (", it->second,
-                                          "); open a new session"));
+  return absl::NotFoundError(
+      absl::StrCat("the session ended (", it->second, "); open a new session"));
 }
 
-void SessionRegistry::RecordEnd(const SessionId& id, const std::string& reason) {
+void SessionRegistry::RecordEnd(const SessionId& id,
+                                const std::string& reason) {
   constexpr size_t kRemembered = 1024;
   absl::MutexLock lock(&mu_);
   if (!ended_.emplace(id, reason).second) return;
@@ -249,7 +253,8 @@ uint32_t SessionRegistry::ImportsOfUid(uint32_t uid) const {
   uint32_t imports = 0;
   for (const std::shared_ptr<Session>& session : List()) {
     const std::optional<PeerCredentials> peer = session->peer();
-    if (peer.has_value() && peer->uid == uid) imports += session->import_count();
+    if (peer.has_value() && peer->uid == uid)
+      imports += session->import_count();
   }
   return imports;
 }

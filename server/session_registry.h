@@ -89,7 +89,8 @@ class SessionRegistry {
  private:
   absl::Status CheckIdFormat(const SessionId& id) const;
   // NotFound for `id`, saying why if it ended recently.
-  absl::Status Unknown(const SessionId& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Unknown(const SessionId& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the count Open or Attach took for `session`.
   void Uncount(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -104,7 +105,8 @@ class SessionRegistry {
       ABSL_GUARDED_BY(mu_);
   uint32_t opening_ ABSL_GUARDED_BY(mu_) = 0;  // counted, not yet in sessions_
   uint32_t unattached_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint32_t, uint32_t> attached_per_uid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, uint32_t> attached_per_uid_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SessionId, std::string> ended_ ABSL_GUARDED_BY(mu_);
   std::deque<SessionId> ended_order_ ABSL_GUARDED_BY(mu_);
 };

@@ -43,9 +43,10 @@ v1::PoolSpec Spec(const std::string& name) {
 void Describe(uint64_t handle, std::vector<v1::DeviceBuffer>* k,
               std::vector<v1::DeviceBuffer>* v) {
   for (uint32_t l = 0; l < kLayers; ++l) {
-    k->push_back(ShmDeviceBuffer::DescribePassed(handle, (2 * l) * kLayerBytes, kLayerBytes));
-    v->push_back(
-        ShmDeviceBuffer::DescribePassed(handle, (2 * l + 1) * kLayerBytes, kLayerBytes));
+    k->push_back(ShmDeviceBuffer::DescribePassed(handle, (2 * l) * kLayerBytes,
+                                                 kLayerBytes));
+    v->push_back(ShmDeviceBuffer::DescribePassed(
+        handle, (2 * l + 1) * kLayerBytes, kLayerBytes));
   }
 }
 
@@ -62,8 +63,10 @@ TEST(ImportsTest, SealedMemfdRoundTripIsByteExact) {
   Describe(*handle, &k, &v);
   auto import = client->RegisterDeviceBuffers("p", kSlots, k, v);
   ASSERT_OK(import);
-  for (uint64_t i = 0; i < device->size(); ++i) device->data()[i] = static_cast<uint8_t>(i * 7 + 3);
-  const std::string before(reinterpret_cast<const char*>(device->data()), device->size());
+  for (uint64_t i = 0; i < device->size(); ++i)
+    device->data()[i] = static_cast<uint8_t>(i * 7 + 3);
+  const std::string before(reinterpret_cast<const char*>(device->data()),
+                           device->size());
   auto pages = client->Alloc("p", kSlots);
   ASSERT_OK(pages);
   auto backup = client->Backup("p", *import, *pages, {{0, kSlots}});
@@ -115,7 +118,8 @@ TEST(ImportsTest, ImportsPerSessionAreLimited) {
   EXPECT_OK(client->RegisterDeviceBuffers("p", kSlots, k, v));
   auto third = client->RegisterDeviceBuffers("p", kSlots, k, v);
   EXPECT_ERROR(ResourceExhausted, third);
-  EXPECT_NE(std::string::npos, third.status().message().find("--max_imports_per_session"));
+  EXPECT_NE(std::string::npos,
+            third.status().message().find("--max_imports_per_session"));
   // A second descriptor fits (2 per session), a third does not.
   EXPECT_OK(client->PassDescriptor(device->fd()));
   EXPECT_ERROR(ResourceExhausted, client->PassDescriptor(device->fd()));
@@ -130,7 +134,8 @@ TEST(ImportsTest, ImportsPerSessionAreLimited) {
   std::vector<v1::DeviceBuffer> bk, bv;
   for (uint32_t i = 0; i < 2 * kLayers; ++i) {
     (i % 2 == 0 ? bk : bv)
-        .push_back(ShmDeviceBuffer::DescribePassed(*big_handle, 0, 4097 * kStride));
+        .push_back(
+            ShmDeviceBuffer::DescribePassed(*big_handle, 0, 4097 * kStride));
   }
   auto over = other->RegisterDeviceBuffers("p", 4097, bk, bv);
   EXPECT_ERROR(ResourceExhausted, over);
@@ -150,14 +155,16 @@ TEST(ImportsTest, PoolsPerUidAreLimited) {
   small.set_capacity_tokens(64);
   auto too_big = client->CreatePool(Spec("b"));
   EXPECT_ERROR(ResourceExhausted, too_big);
-  EXPECT_NE(std::string::npos, too_big.status().message().find("--max_pool_bytes_per_uid"))
+  EXPECT_NE(std::string::npos,
+            too_big.status().message().find("--max_pool_bytes_per_uid"))
       << too_big.status();
   ASSERT_OK(client->CreatePool(small));
   v1::PoolSpec third = small;
   third.set_name("c");
   auto refused = client->CreatePool(third);
   EXPECT_ERROR(ResourceExhausted, refused);
-  EXPECT_NE(std::string::npos, refused.status().message().find("--max_pools_per_uid"))
+  EXPECT_NE(std::string::npos,
+            refused.status().message().find("--max_pools_per_uid"))
       << refused.status();
   ASSERT_OK(client->DeletePool("b"));
   EXPECT_OK(client->CreatePool(third));

@@ -59,12 +59,15 @@ int Report(const absl::StatusOr<T>& result) {
 
 int PoolCommand(Client& client, const std::string& command,
                 const std::string& pool) {
-  if (command == "create-pool") return Report(client.CreatePool(SmallSpec(pool), false));
-  if (command == "attach-pool") return Report(client.CreatePool(SmallSpec(pool), true));
+  if (command == "create-pool")
+    return Report(client.CreatePool(SmallSpec(pool), false));
+  if (command == "attach-pool")
+    return Report(client.CreatePool(SmallSpec(pool), true));
   return Report(client.DeletePool(pool));
 }
 
-int RegisterShm(Client& client, const std::string& pool, const std::string& name) {
+int RegisterShm(Client& client, const std::string& pool,
+                const std::string& name) {
   absl::StatusOr<v1::Pool> info = client.GetPool(pool);
   if (!info.ok()) return Report(info);
   const uint64_t slots = info->spec().page_size();
@@ -86,7 +89,8 @@ int WriteFree(Client& client, const std::string& pool, uint64_t pages) {
   auto runs = client.Alloc(pool, pages * info->spec().page_size());
   if (!runs.ok()) return Report(runs);
   const std::string data(pages * info->page_bytes(), '\xa5');
-  if (absl::Status s = client.WritePages(pool, *runs, data); !s.ok()) return Report(s);
+  if (absl::Status s = client.WritePages(pool, *runs, data); !s.ok())
+    return Report(s);
   return Report(client.Free(pool, *runs));
 }
 
@@ -115,7 +119,8 @@ int OpenSessions(const std::string& target, int n, int hold_ms) {
     }
     held.push_back(std::move(*client));
   }
-  std::printf("opened %zu code %d %s\n", held.size(), static_cast<int>(last.code()),
+  std::printf("opened %zu code %d %s\n", held.size(),
+              static_cast<int>(last.code()),
               std::string(last.message()).c_str());
   std::fflush(stdout);
   usleep(static_cast<useconds_t>(hold_ms) * 1000);
@@ -131,7 +136,8 @@ int IdleConnections(const std::string& target, int n, int hold_ms) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (fd < 0 ||
+        connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       ++failed;
       if (fd >= 0) close(fd);
       continue;
@@ -153,14 +159,17 @@ int IdleConnections(const std::string& target, int n, int hold_ms) {
     SessionReply reply{};
     const ssize_t got = recv(fd, &reply, sizeof(reply), MSG_DONTWAIT);
     if (got == sizeof(reply) &&
-        reply.code == static_cast<uint32_t>(absl::StatusCode::kResourceExhausted)) {
+        reply.code ==
+            static_cast<uint32_t>(absl::StatusCode::kResourceExhausted)) {
       ++exhausted;
     } else if (got == sizeof(reply) &&
-               reply.code == static_cast<uint32_t>(absl::StatusCode::kDeadlineExceeded)) {
+               reply.code ==
+                   static_cast<uint32_t>(absl::StatusCode::kDeadlineExceeded)) {
       ++timed_out;
     }
   }
-  std::printf("open %d exhausted %d timed_out %d\n", open, exhausted, timed_out);
+  std::printf("open %d exhausted %d timed_out %d\n", open, exhausted,
+              timed_out);
   for (int fd : fds) close(fd);
   return 0;
 }
@@ -174,15 +183,19 @@ int HandedFd() {
   SendRecord(3, &m, sizeof(m));
   SessionReply reply{};
   ReceivedRecord got = ReceiveRecord(3, &reply, sizeof(reply), false);
-  if (got.bytes != sizeof(reply)) return Report(absl::UnavailableError("no reply"));
+  if (got.bytes != sizeof(reply))
+    return Report(absl::UnavailableError("no reply"));
   reply.message[sizeof(reply.message) - 1] = '\0';
-  return Report(absl::Status(static_cast<absl::StatusCode>(reply.code), reply.message));
+  return Report(
+      absl::Status(static_cast<absl::StatusCode>(reply.code), reply.message));
 }
 
 int Main(int argc, char** argv) {
   if (argc < 3) return 2;
   const std::string target = argv[1], command = argv[2];
-  auto arg = [&](int i) { return i < argc ? std::string(argv[i]) : std::string(); };
+  auto arg = [&](int i) {
+    return i < argc ? std::string(argv[i]) : std::string();
+  };
   if (command == "open-sessions") {
     return OpenSessions(target, std::atoi(argv[3]), std::atoi(argv[4]));
   }
@@ -202,10 +215,13 @@ int Main(int argc, char** argv) {
       command == "delete-pool") {
     return PoolCommand(c, command, arg(3));
   }
-  if (command == "alloc") return Report(c.Alloc(arg(3), std::strtoull(argv[4], nullptr, 10)));
+  if (command == "alloc")
+    return Report(c.Alloc(arg(3), std::strtoull(argv[4], nullptr, 10)));
   if (command == "register-shm") return RegisterShm(c, arg(3), arg(4));
-  if (command == "write-free") return WriteFree(c, arg(3), std::strtoull(argv[4], nullptr, 10));
-  if (command == "alloc-zeros") return AllocZeros(c, arg(3), std::strtoull(argv[4], nullptr, 10));
+  if (command == "write-free")
+    return WriteFree(c, arg(3), std::strtoull(argv[4], nullptr, 10));
+  if (command == "alloc-zeros")
+    return AllocZeros(c, arg(3), std::strtoull(argv[4], nullptr, 10));
   return 2;
 }
 

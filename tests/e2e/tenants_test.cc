@@ -3,15 +3,16 @@
 // the tenants are real processes of two throwaway uids (61001 "alice" and
 // 61002 "bob": the test forks, drops to them with setuid and execs
 // tenant_client). Needs root; skipped otherwise.
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,8 +21,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -38,8 +37,10 @@ namespace {
 
 constexpr uid_t kAlice = 61001;
 constexpr uid_t kBob = 61002;
-constexpr int kPermissionDenied = static_cast<int>(absl::StatusCode::kPermissionDenied);
-constexpr int kResourceExhausted = static_cast<int>(absl::StatusCode::kResourceExhausted);
+constexpr int kPermissionDenied =
+    static_cast<int>(absl::StatusCode::kPermissionDenied);
+constexpr int kResourceExhausted =
+    static_cast<int>(absl::StatusCode::kResourceExhausted);
 
 // A tenant_client process running as another uid.
 struct Tenant {
@@ -116,7 +117,8 @@ class TenantsTest : public ::testing::Test {
     return Tenant{pid, fdopen(pipe_fds[0], "r")};
   }
   // Runs tenant_client to its end; returns its exit code (an absl code).
-  int Run(uid_t uid, std::vector<std::string> args, std::string* out = nullptr) {
+  int Run(uid_t uid, std::vector<std::string> args,
+          std::string* out = nullptr) {
     Tenant t = Start(uid, std::move(args));
     std::string all, line;
     while (!(line = t.ReadLine()).empty()) all += line;
@@ -139,7 +141,8 @@ class TenantsTest : public ::testing::Test {
 std::vector<std::string> ShmNames() {
   std::vector<std::string> names;
   DIR* dir = opendir("/dev/shm");
-  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr) names.push_back(e->d_name);
+  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr)
+    names.push_back(e->d_name);
   if (dir != nullptr) closedir(dir);
   return names;
 }
@@ -150,15 +153,18 @@ std::vector<std::string> ShmNames() {
 TEST_F(TenantsTest, SessionSecretsAppearInNoNameOrLog) {
   auto attached = Root();
   ASSERT_NE(nullptr, attached);
-  auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(daemon_->target(),
+                                     grpc::InsecureChannelCredentials());
   auto stub = v1::HostKV::NewStub(channel);
   grpc::ClientContext context;
   v1::OpenSessionResponse unattached;
-  ASSERT_TRUE(stub->OpenSession(&context, v1::OpenSessionRequest(), &unattached).ok());
+  ASSERT_TRUE(
+      stub->OpenSession(&context, v1::OpenSessionRequest(), &unattached).ok());
   ASSERT_EQ(kSessionIdBytes, attached->session_id().size());
   ASSERT_EQ(kSessionIdBytes, unattached.session_id().size());
   const std::string pool_segment = attached->GetPool("shared")->segment_name();
-  const std::string prefix = pool_segment.substr(1, pool_segment.find("pool.") - 1);
+  const std::string prefix =
+      pool_segment.substr(1, pool_segment.find("pool.") - 1);
   std::vector<std::string> ours;
   for (const std::string& name : ShmNames()) {
     if (name.rfind(prefix, 0) == 0) ours.push_back(name);
@@ -170,25 +176,30 @@ TEST_F(TenantsTest, SessionSecretsAppearInNoNameOrLog) {
                                   absl::StrCat(prefix, "signals.",
                                                attached->session_number())));
   const std::string log = daemon_->log();
-  for (const std::string& id : {attached->session_id(), unattached.session_id()}) {
+  for (const std::string& id :
+       {attached->session_id(), unattached.session_id()}) {
     const std::string hex = absl::BytesToHexString(id);
     for (const std::string& part : {hex, hex.substr(0, 16), hex.substr(16)}) {
       EXPECT_EQ(std::string::npos, log.find(part));
-      for (const std::string& name : ours) EXPECT_EQ(std::string::npos, name.find(part));
+      for (const std::string& name : ours)
+        EXPECT_EQ(std::string::npos, name.find(part));
     }
   }
 }
 
 // 300 ids: 16 bytes each, all distinct, and about half of their bits set.
 TEST_F(TenantsTest, SessionIdsAreLongAndUnpredictable) {
-  auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(daemon_->target(),
+                                     grpc::InsecureChannelCredentials());
   auto stub = v1::HostKV::NewStub(channel);
   std::set<std::string> ids;
   uint64_t ones = 0;
   for (int i = 0; i < 300; ++i) {
     grpc::ClientContext open_context, close_context;
     v1::OpenSessionResponse opened;
-    ASSERT_TRUE(stub->OpenSession(&open_context, v1::OpenSessionRequest(), &opened).ok());
+    ASSERT_TRUE(
+        stub->OpenSession(&open_context, v1::OpenSessionRequest(), &opened)
+            .ok());
     ASSERT_EQ(kSessionIdBytes, opened.session_id().size());
     ids.insert(opened.session_id());
     for (unsigned char c : opened.session_id()) ones += __builtin_popcount(c);
@@ -227,11 +238,15 @@ TEST_F(TenantsTest, SegmentsAndPoolsOfAnotherUserAreRefused) {
   ASSERT_EQ(0, Run(kAlice, {"make-shm", segment, "65536"}));
   ASSERT_EQ(0, Run(kAlice, {"create-pool", "alice-pool"}));
   std::string out;
-  EXPECT_EQ(0, Run(kAlice, {"register-shm", "alice-pool", segment}, &out)) << out;
-  EXPECT_EQ(kPermissionDenied, Run(kBob, {"attach-pool", "alice-pool"}, &out)) << out;
-  EXPECT_EQ(kPermissionDenied, Run(kBob, {"alloc", "alice-pool", "4"}, &out)) << out;
+  EXPECT_EQ(0, Run(kAlice, {"register-shm", "alice-pool", segment}, &out))
+      << out;
+  EXPECT_EQ(kPermissionDenied, Run(kBob, {"attach-pool", "alice-pool"}, &out))
+      << out;
+  EXPECT_EQ(kPermissionDenied, Run(kBob, {"alloc", "alice-pool", "4"}, &out))
+      << out;
   EXPECT_EQ(0, Run(kBob, {"create-pool", "bob-pool"}, &out)) << out;
-  EXPECT_EQ(kPermissionDenied, Run(kBob, {"register-shm", "bob-pool", segment}, &out))
+  EXPECT_EQ(kPermissionDenied,
+            Run(kBob, {"register-shm", "bob-pool", segment}, &out))
       << out;
   auto root = Root();  // root is checked like anyone: alice's segment is hers
   ASSERT_NE(nullptr, root);
@@ -246,7 +261,8 @@ TEST_F(TenantsTest, SegmentsAndPoolsOfAnotherUserAreRefused) {
   }
   auto refused = root->RegisterDeviceBuffers("shared", 4, k, v);
   EXPECT_ERROR(PermissionDenied, refused);
-  EXPECT_NE(std::string::npos, refused.status().ToString().find("belongs to uid 61001"))
+  EXPECT_NE(std::string::npos,
+            refused.status().ToString().find("belongs to uid 61001"))
       << refused.status();
   shm_unlink(segment.c_str());
 }
@@ -257,7 +273,8 @@ TEST_F(TenantsTest, PoolsBelongToTheirCreator) {
   ASSERT_EQ(0, Run(kAlice, {"create-pool", "p1"}, &out)) << out;
   EXPECT_EQ(kPermissionDenied, Run(kBob, {"delete-pool", "p1"}, &out)) << out;
   EXPECT_EQ(static_cast<int>(absl::StatusCode::kAlreadyExists),
-            Run(kBob, {"create-pool", "p1"}, &out)) << out;
+            Run(kBob, {"create-pool", "p1"}, &out))
+      << out;
   EXPECT_EQ(0, Run(kAlice, {"delete-pool", "p1"}, &out)) << out;
   ASSERT_EQ(0, Run(kAlice, {"create-pool", "p2"}, &out)) << out;
   auto root = Root();
@@ -274,7 +291,8 @@ TEST_F(TenantsTest, PoolsBelongToTheirCreator) {
 TEST_F(TenantsTest, SessionFloodStopsAtThePerUidLimit) {
   Tenant flood = Start(kAlice, {"open-sessions", "50", "1500"});
   const std::string line = flood.ReadLine();
-  EXPECT_EQ(0u, line.find(absl::StrCat("opened 8 code ", kResourceExhausted))) << line;
+  EXPECT_EQ(0u, line.find(absl::StrCat("opened 8 code ", kResourceExhausted)))
+      << line;
   EXPECT_NE(std::string::npos, line.find("--max_sessions_per_uid")) << line;
   auto root = Root();
   ASSERT_NE(nullptr, root);
@@ -289,7 +307,8 @@ TEST_F(TenantsTest, SessionFloodStopsAtThePerUidLimit) {
 // --max_unattached_sessions (8); clients on the session socket are not
 // affected.
 TEST_F(TenantsTest, UnattachedSessionFloodStopsAtItsLimit) {
-  auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(daemon_->target(),
+                                     grpc::InsecureChannelCredentials());
   auto stub = v1::HostKV::NewStub(channel);
   int opened = 0;
   grpc::Status last;
@@ -301,7 +320,8 @@ TEST_F(TenantsTest, UnattachedSessionFloodStopsAtItsLimit) {
   }
   EXPECT_EQ(8, opened);
   EXPECT_EQ(grpc::StatusCode::RESOURCE_EXHAUSTED, last.error_code());
-  EXPECT_NE(std::string::npos, last.error_message().find("--max_unattached_sessions"));
+  EXPECT_NE(std::string::npos,
+            last.error_message().find("--max_unattached_sessions"));
   std::string out;
   EXPECT_EQ(0, Run(kBob, {"alloc", "shared", "4"}, &out)) << out;
 }
@@ -322,8 +342,8 @@ TEST_F(TenantsTest, IdleConnectionsAreCappedAndTimedOut) {
   const std::string result = idle.ReadLine();
   EXPECT_EQ(0, idle.Wait());
   int open = -1, exhausted = -1, timed_out = -1;
-  ASSERT_EQ(3, std::sscanf(result.c_str(), "open %d exhausted %d timed_out %d", &open,
-                           &exhausted, &timed_out))
+  ASSERT_EQ(3, std::sscanf(result.c_str(), "open %d exhausted %d timed_out %d",
+                           &open, &exhausted, &timed_out))
       << connected << result;
   EXPECT_EQ(0, open);
   EXPECT_EQ(64, timed_out);
