@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
     }
     ASSIGN_OR_RETURN(uint8_t* address,
                      open(*spec.signals, "gpu_signals",
-                          (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
+                          uint64_t{g.num_layers} * sizeof(uint64_t)));
     if (!devices_[*device].stream_mem_ops64) {
       return absl::FailedPreconditionError(absl::StrCat(
           "gpu_signals: device ", *device, " does not support 64-bit stream "
@@ -211,7 +211,7 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
   if (words != nullptr) {
     const uintptr_t begin = reinterpret_cast<uintptr_t>(words);
     RETURN_IF_ERROR(ClaimSignalWords(
-        begin, begin + (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
+        begin, begin + uint64_t{g.num_layers} * sizeof(uint64_t)));
     *release = CloseOnce([this, begin] { ReleaseSignalWords(begin); });
   }
   absl::StatusOr<std::unique_ptr<CudaImportState>> state =
