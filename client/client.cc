@@ -274,6 +274,24 @@ absl::StatusOr<uint64_t> Client::PassDescriptor(int fd) {
   return reply.value;
 }
 
+absl::StatusOr<int> Client::FetchKvWord(uint64_t import_id) {
+  absl::MutexLock lock(&impl_->socket_mu);
+  if (impl_->session_socket.get() < 0) {
+    return absl::FailedPreconditionError(
+        "the KV-written page travels over the session socket: connect to a "
+        "unix: target");
+  }
+  SessionMessage message = NewMessage(SessionMessageKind::kFetchKvWord);
+  message.import_id = import_id;
+  ScopedFd page;
+  RETURN_IF_ERROR(
+      Exchange(impl_->session_socket.get(), message, -1, &page).status());
+  if (page.get() < 0) {
+    return absl::InternalError("the daemon's reply carried no descriptor");
+  }
+  return page.release();
+}
+
 const std::string& Client::session_id() const { return impl_->session_id; }
 uint32_t Client::session_number() const { return impl_->session_number; }
 

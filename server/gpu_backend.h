@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "hostkv/v1/hostkv.pb.h"
+#include "proto/contract/shm_segment.h"
 #include "server/slot_allocator.h"
 
 namespace hostkv {
@@ -62,7 +63,10 @@ struct GpuImportSpec {
   uint64_t token_slots = 0;
   std::vector<GpuBufferRef> k;  // one per layer (MLA: the latent)
   std::vector<GpuBufferRef> v;  // one per layer (MHA), none (MLA)
-  std::optional<GpuBufferRef> signals;  // num_layers + 1 uint64 words
+  // The per-layer words: num_layers uint64 in the engine's device memory
+  // (a buffer of num_layers + 1 words, as before, is accepted). "KV
+  // written" is not among them: it is a KvWordPage the daemon creates.
+  std::optional<GpuBufferRef> signals;
 };
 
 // The CUDA state of one import: its mappings, stream and signal words.
@@ -76,8 +80,13 @@ class GpuImportState {
   // in submission order (TransferEngine::Submit).
   virtual uint64_t NextSignalValue() = 0;
   // The session is ending or the import is unregistered: lets backups that
-  // wait for "KV written" proceed so they do not block the stream forever.
+  // wait for "KV written" proceed so they do not block the stream forever
+  // (a CPU store into the import's KvWordPage).
   virtual void ReleaseWaits() = 0;
+  // A duplicate of the memfd of the import's "KV written" page, for the
+  // engine (SessionMessageKind::kFetchKvWord). FailedPrecondition if the
+  // import was registered without gpu_signals; Internal if dup fails.
+  virtual absl::StatusOr<ScopedFd> FetchKvWord() const = 0;
 };
 
 class DaemonMetrics;

@@ -155,6 +155,25 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
   return handle;
 }
 
+absl::StatusOr<ScopedFd> RequestHandler::FetchKvWord(
+    const SessionId& id, const PeerCredentials& sender, uint64_t import_id) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
+  const std::optional<PeerCredentials> peer = session->peer();
+  if (!peer.has_value() || peer->uid != sender.uid) {
+    return absl::PermissionDeniedError(
+        "the KV-written page goes only to the session's own peer");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
+                   session->GetImport(import_id));
+  if (import->gpu() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "import ", import_id, " is a shared-memory import: it has no "
+        "KV-written word (only CUDA imports with gpu_signals do)"));
+  }
+  return import->gpu()->FetchKvWord();
+}
+
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
                                                  const char* reason) {
   session.MarkEnding();

@@ -130,6 +130,13 @@ class RequestHandler {
   absl::StatusOr<uint64_t> AcceptPassedFd(const SessionId& id,
                                           const PeerCredentials& sender,
                                           ScopedFd fd);
+  // The memfd of CUDA import `import_id`'s "KV written" page (a duplicate
+  // the caller passes to the engine). NotFound if the session has no such
+  // import; FailedPrecondition if it is not a CUDA import with gpu_signals;
+  // PermissionDenied if `sender` is not the session's peer.
+  absl::StatusOr<ScopedFd> FetchKvWord(const SessionId& id,
+                                       const PeerCredentials& sender,
+                                       uint64_t import_id);
   // Ends session `id` as CloseSession does; `reason` ("disconnected", ...)
   // goes to the log and the metrics. NotFound if it already ended.
   absl::Status EndSession(const SessionId& id, const char* reason);

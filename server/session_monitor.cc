@@ -254,6 +254,14 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
     Reply(fd, reply);
     return true;
   }
+  if (kind == SessionMessageKind::kFetchKvWord) {
+    absl::StatusOr<ScopedFd> page =
+        c.session.empty()
+            ? absl::FailedPreconditionError("open or attach a session first")
+            : handler_->FetchKvWord(c.session, sender, m.import_id);
+    Reply(fd, ReplyFor(kind, page.status()), page.ok() ? page->get() : -1);
+    return true;
+  }
   if (kind != SessionMessageKind::kOpen && kind != SessionMessageKind::kAttach) {
     Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(
                                  absl::StrCat("unknown record kind ", m.kind))));

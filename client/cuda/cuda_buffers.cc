@@ -1,11 +1,17 @@
 #include "hostkv/cuda_buffers.h"
 
 #include <cuda.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/driver_api.h"
+#include "proto/contract/shm_segment.h"
 #include "proto/contract/status_macros.h"
 
 namespace hostkv {
@@ -63,6 +69,24 @@ absl::StatusOr<v1::DeviceBuffer> ExportCudaBuffer(const void* ptr,
   return buffer;
 }
 
+// The daemon's "KV written" page in this process: the memfd, its mapping
+// and its CUDA registration (released in that order, reversed).
+struct GpuSignals::KvWordMapping {
+  static constexpr size_t kBytes = 4096;
+  ScopedFd fd;
+  void* page = MAP_FAILED;
+  HostRegistration registration;
+
+  ~KvWordMapping() {
+    registration = HostRegistration();
+    if (page != MAP_FAILED) munmap(page, kBytes);
+  }
+  uint64_t* word() const { return static_cast<uint64_t*>(page); }
+};
+
+GpuSignals::GpuSignals(uint32_t num_layers, int device, uint64_t* words)
+    : num_layers_(num_layers), device_(device), words_(words) {}
+
 absl::StatusOr<std::unique_ptr<GpuSignals>> GpuSignals::Create(
     uint32_t num_layers, int device) {
   ScopedDevice on_device(device);
@@ -72,7 +96,10 @@ absl::StatusOr<std::unique_ptr<GpuSignals>> GpuSignals::Create(
         "device ", device, " has no 64-bit stream memory operations "
         "(cuStreamWaitValue64); wait on the host instead (Client::WaitLayer)"));
   }
-  const size_t bytes = (static_cast<size_t>(num_layers) + 1) * sizeof(uint64_t);
+  // Layer words only ("KV written" is the daemon's page); at least one
+  // word, so that there is an allocation to export.
+  const size_t bytes =
+      std::max<size_t>(num_layers, 1) * sizeof(uint64_t);
   void* words = nullptr;
   RETURN_IF_ERROR(CudaStatus(cudaMalloc(&words, bytes), "cudaMalloc"));
   std::unique_ptr<GpuSignals> signals(
@@ -89,6 +116,7 @@ absl::StatusOr<std::unique_ptr<GpuSignals>> GpuSignals::Create(
 
 GpuSignals::~GpuSignals() {
   ScopedDevice on_device(device_);
+  kv_word_.reset();
   if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
   cudaFree(words_);
 }
@@ -101,7 +129,11 @@ absl::Status GpuSignals::ReleaseAll(cudaStream_t stream) {
   ScopedDevice on_device(device_);
   RETURN_IF_ERROR(on_device.status());
   if (stream == nullptr) stream = release_stream_;
-  for (uint32_t i = 0; i <= num_layers_; ++i) {
+  if (kv_word_ != nullptr) {
+    std::atomic_ref<uint64_t>(*kv_word_->word())
+        .store(kReleased, std::memory_order_release);
+  }
+  for (uint32_t i = 0; i < num_layers_; ++i) {
     RETURN_IF_ERROR(DriverStatus(
         api->stream_write_value64(reinterpret_cast<CUstream>(stream),
                                   reinterpret_cast<CUdeviceptr>(words_ + i),
@@ -132,13 +164,46 @@ absl::Status GpuSignals::WaitLayer(const Operation& op, uint32_t layer,
       "cuStreamWaitValue64");
 }
 
+absl::Status GpuSignals::AttachKvWord(Client& client, uint64_t import_id) {
+  ASSIGN_OR_RETURN(const int fd, client.FetchKvWord(import_id));
+  auto mapping = std::make_unique<KvWordMapping>();
+  mapping->fd = ScopedFd(fd);
+  struct stat st{};
+  if (fstat(fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < KvWordMapping::kBytes) {
+    return absl::InternalError(
+        "AttachKvWord: the daemon's page is not one 4 KiB page");
+  }
+  mapping->page = mmap(nullptr, KvWordMapping::kBytes, PROT_READ | PROT_WRITE,
+                       MAP_SHARED, fd, 0);
+  if (mapping->page == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat("AttachKvWord: mmap: ", std::strerror(errno)));
+  }
+  ScopedDevice on_device(device_);
+  RETURN_IF_ERROR(on_device.status());
+  ASSIGN_OR_RETURN(
+      mapping->registration,
+      HostRegistration::Create(mapping->page, KvWordMapping::kBytes));
+  kv_word_ = std::move(mapping);
+  kv_written_ = 0;  // a fresh page starts at nothing written
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> GpuSignals::MarkKvWritten(cudaStream_t stream) {
+  if (kv_word_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "MarkKvWritten: fetch the daemon's KV-written page first "
+        "(GpuSignals::AttachKvWord after RegisterDeviceBuffers)");
+  }
   ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   const uint64_t value = kv_written_ + 1;
   RETURN_IF_ERROR(DriverStatus(
       api->stream_write_value64(
           reinterpret_cast<CUstream>(stream),
-          reinterpret_cast<CUdeviceptr>(words_ + num_layers_), value,
+          reinterpret_cast<CUdeviceptr>(
+              kv_word_->registration.device_address()),
+          value,
           CU_STREAM_WRITE_VALUE_DEFAULT),
       "cuStreamWriteValue64"));
   kv_written_ = value;
@@ -148,6 +213,11 @@ absl::StatusOr<uint64_t> GpuSignals::MarkKvWritten(cudaStream_t stream) {
 absl::StatusOr<uint64_t> GpuSignals::ReadWord(uint32_t index) const {
   if (index > num_layers_) {
     return absl::InvalidArgumentError(absl::StrCat("no word ", index));
+  }
+  if (index == num_layers_) {
+    if (kv_word_ == nullptr) return 0;
+    return std::atomic_ref<uint64_t>(*kv_word_->word())
+        .load(std::memory_order_acquire);
   }
   ScopedDevice on_device(device_);
   uint64_t value = 0;

@@ -1,5 +1,7 @@
 #include "kernels/cuda/driver_api.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace hostkv {
@@ -90,6 +92,39 @@ ScopedDevice::ScopedDevice(int device) {
 
 ScopedDevice::~ScopedDevice() {
   if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+absl::StatusOr<HostRegistration> HostRegistration::Create(void* ptr,
+                                                          size_t bytes) {
+  absl::Status s = CudaStatus(
+      cudaHostRegister(ptr, bytes,
+                       cudaHostRegisterPortable | cudaHostRegisterMapped),
+      "cudaHostRegister");
+  if (!s.ok()) return s;
+  HostRegistration registration;
+  registration.host_ = ptr;
+  s = CudaStatus(cudaHostGetDevicePointer(&registration.device_, ptr, 0),
+                 "cudaHostGetDevicePointer");
+  if (!s.ok()) return s;
+  return registration;
+}
+
+HostRegistration::~HostRegistration() {
+  if (host_ != nullptr) cudaHostUnregister(host_);
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : host_(std::exchange(other.host_, nullptr)),
+      device_(std::exchange(other.device_, nullptr)) {}
+
+HostRegistration& HostRegistration::operator=(
+    HostRegistration&& other) noexcept {
+  if (this != &other) {
+    if (host_ != nullptr) cudaHostUnregister(host_);
+    host_ = std::exchange(other.host_, nullptr);
+    device_ = std::exchange(other.device_, nullptr);
+  }
+  return *this;
 }
 
 bool Supports64BitStreamMemOps(int device) {

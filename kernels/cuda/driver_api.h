@@ -61,6 +61,29 @@ class ScopedDevice {
   absl::Status status_;
 };
 
+// Host memory registered with CUDA (cudaHostRegister, portable + mapped)
+// for its scope, with its device address (cudaHostGetDevicePointer); for
+// words a stream waits on or writes with stream memory operations. The
+// memory must outlive it. Move-only.
+class HostRegistration {
+ public:
+  // Registers [ptr, ptr + bytes) on the current device. Internal (with
+  // CUDA's reason) if CUDA refuses.
+  static absl::StatusOr<HostRegistration> Create(void* ptr, size_t bytes);
+  HostRegistration() = default;
+  ~HostRegistration();
+  HostRegistration(HostRegistration&& other) noexcept;
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+
+  void* device_address() const { return device_; }
+
+ private:
+  void* host_ = nullptr;
+  void* device_ = nullptr;
+};
+
 // Whether the device supports 64-bit stream memory operations
 // (cuStreamWaitValue64 / cuStreamWriteValue64).
 bool Supports64BitStreamMemOps(int device);

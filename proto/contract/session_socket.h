@@ -7,6 +7,8 @@
 //   client -> daemon: SessionMessage {kAttach}  daemon: SessionReply + signal fd
 //   client -> daemon: SessionMessage {kPassFd} + one memfd
 //                                               daemon: SessionReply {value}
+//   client -> daemon: SessionMessage {kFetchKvWord, import_id}
+//                                               daemon: SessionReply + memfd
 // One session per connection; it ends when the connection closes.
 #ifndef HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
 #define HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
@@ -36,6 +38,14 @@ enum class SessionMessageKind : uint32_t {
   // F_SEAL_SHRINK; the reply's `value` is the handle RegisterDeviceBuffers
   // names it by (DeviceBuffer.passed_fd). Needs an attached session.
   kPassFd = 3,
+  // Asks for the "KV written" page of CUDA import `import_id` (registered
+  // with gpu_signals by this session): the reply carries a memfd of one
+  // 4 KiB page, sealed against resizing, whose first 8 bytes are the word
+  // the daemon's stream waits on. The engine maps it, registers it with
+  // CUDA (cudaHostRegister, mapped) and writes its marks into it with
+  // cuStreamWriteValue64 (GpuSignals::AttachKvWord / MarkKvWritten).
+  // Needs an attached session.
+  kFetchKvWord = 4,
 };
 
 struct SessionMessage {
@@ -44,7 +54,8 @@ struct SessionMessage {
   uint32_t kind;     // SessionMessageKind
   uint32_t pid;      // kOpen: informational (the kernel's word is used)
   uint8_t session_id[kSessionIdBytes];  // kAttach
-  char client_name[224];                // kOpen, NUL-terminated
+  char client_name[216];                // kOpen, NUL-terminated
+  uint64_t import_id;                   // kFetchKvWord
 };
 
 struct SessionReply {

@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
     }
     ASSIGN_OR_RETURN(uint8_t* address,
                      open(*spec.signals, "gpu_signals",
-                          (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
+                          uint64_t{g.num_layers} * sizeof(uint64_t)));
     if (!devices_[*device].stream_mem_ops64) {
       return absl::FailedPreconditionError(absl::StrCat(
           "gpu_signals: device ", *device, " does not support 64-bit stream "
@@ -211,7 +211,7 @@ absl::StatusOr<std::unique_ptr<DeviceImport>> CudaBackend::OpenImport(
   if (words != nullptr) {
     const uintptr_t begin = reinterpret_cast<uintptr_t>(words);
     RETURN_IF_ERROR(ClaimSignalWords(
-        begin, begin + (uint64_t{g.num_layers} + 1) * sizeof(uint64_t)));
+        begin, begin + uint64_t{g.num_layers} * sizeof(uint64_t)));
     *release = CloseOnce([this, begin] { ReleaseSignalWords(begin); });
   }
   absl::StatusOr<std::unique_ptr<CudaImportState>> state =
@@ -431,12 +431,20 @@ std::string CudaBackend::Inspect(const GpuOpTracker::Watched& watched) {
   // `watched.import` keeps the stream alive while it is queried, even if
   // the completion thread finishes the operation meanwhile.
   auto* gpu = static_cast<CudaImportState*>(watched.import->gpu());
-  if (watched.wait_overdue && !gpu->released()) {
-    spdlog::error("GPU op {}: the engine's mark {} did not come within {}: "
-                  "releasing the import's mark waits; the operation (and "
-                  "every later one waiting on this import) is reported failed",
-                  watched.op_id, watched.wait_value,
-                  absl::FormatDuration(options_.wait_timeout));
+  if (watched.wait_overdue) {
+    if (!gpu->released()) {
+      spdlog::error("GPU op {}: the engine's mark {} did not come within {}: "
+                    "releasing the import's mark waits; the operation (and "
+                    "every later one waiting on this import) is reported "
+                    "failed",
+                    watched.op_id, watched.wait_value,
+                    absl::FormatDuration(options_.wait_timeout));
+    }
+    // Again at every look while the operation is still there: a mark the
+    // live engine's stream writes into the page after the release could
+    // overwrite 2^63 - 1 before the blocked wait polled it. A CPU store,
+    // so repeating it costs nothing; later mark waits on a released
+    // import are failed before they are enqueued.
     gpu->ReleaseWaits();
   }
   ScopedDevice on_device(gpu->device());

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/driver_api.h"
 #include "server/cuda/ipc_mappings.h"
 #include "server/gpu_backend.h"
+#include "server/kv_word_page.h"
 
 namespace hostkv {
 
@@ -22,11 +24,13 @@ class CudaImportState : public GpuImportState {
   // What ReleaseWaits writes to "KV written": the largest value that
   // CU_STREAM_WAIT_VALUE_GEQ (a wrapping comparison) sees as >= every
   // permitted wait_kv_written (<= 2^63 - 1).
-  static constexpr uint64_t kReleasedKvWritten = (1ull << 63) - 1;
+  static constexpr uint64_t kReleasedKvWritten = KvWordPage::kReleased;
 
-  // Creates the import's streams on `device`. `signal_words` (in the
-  // daemon's mapping, or null) has num_layers + 1 words; signal values
-  // continue above what the layer words hold already.
+  // Creates the import's stream on `device`. `signal_words` (in the
+  // daemon's mapping, or null) has num_layers words, the per-layer words in
+  // the engine's device memory; signal values continue above what they hold
+  // already. With them, the import gets its "KV written" word: a fresh
+  // KvWordPage registered with CUDA (mapped), which the engine fetches.
   // `on_close` runs when the import is closed, after its streams are idle;
   // on error it has not run and is not kept (the caller runs it).
   static absl::StatusOr<std::unique_ptr<CudaImportState>> Create(
@@ -39,12 +43,18 @@ class CudaImportState : public GpuImportState {
   bool has_signals() const override { return signal_words_ != nullptr; }
   uint64_t NextSignalValue() override { return ++last_signal_value_; }
   void ReleaseWaits() override;
+  absl::StatusOr<ScopedFd> FetchKvWord() const override;
   // ReleaseWaits was called: "KV written" no longer means the engine wrote.
   bool released() const { return released_.load(); }
 
   cudaStream_t stream() const { return stream_; }
-  // word[l] for layer l, word[num_layers] = "KV written"; null without them.
+  // word[l] for layer l (engine device memory); null without them.
   uint64_t* signal_words() const { return signal_words_; }
+  // The device address of the "KV written" word (in the daemon's host
+  // page); null without signal words.
+  void* kv_word_device() const {
+    return kv_word_registration_.device_address();
+  }
   uint32_t num_layers() const { return num_layers_; }
 
  private:
@@ -63,8 +73,9 @@ class CudaImportState : public GpuImportState {
   std::atomic<bool> released_{false};
   std::function<void()> on_close_;
   cudaStream_t stream_ = nullptr;
-  // For ReleaseWaits, which must not queue behind a blocked wait.
-  cudaStream_t side_stream_ = nullptr;
+  // "KV written" (with signal words): unregistered before it is unmapped.
+  std::unique_ptr<KvWordPage> kv_word_;
+  HostRegistration kv_word_registration_;
 };
 
 }  // namespace hostkv

@@ -213,7 +213,7 @@ absl::Status EnqueueTransfer(const TransferOp& op, CudaImportState& gpu,
     status = DriverStatus(
         api->stream_wait_value64(
             reinterpret_cast<CUstream>(stream),
-            reinterpret_cast<CUdeviceptr>(gpu.signal_words() + gpu.num_layers()),
+            reinterpret_cast<CUdeviceptr>(gpu.kv_word_device()),
             op.wait_kv_written, CU_STREAM_WAIT_VALUE_GEQ),
         "waiting for the engine's mark");
   }

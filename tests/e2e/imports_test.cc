@@ -79,6 +79,35 @@ TEST(ImportsTest, SealedMemfdRoundTripIsByteExact) {
   EXPECT_EQ(0, std::memcmp(before.data(), device->data(), before.size()));
 }
 
+// kFetchKvWord over a real session socket: only CUDA imports with
+// gpu_signals have a KV-written page (the CUDA side is in tests/gpu/), and a
+// refused fetch leaves the connection -- and the session -- usable.
+TEST(ImportsTest, KvWordIsFetchedOnlyForGpuSignalImports) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  auto client = std::move(Client::Connect(daemon.target(), "engine").value());
+  ASSERT_OK(client->CreatePool(Spec("p")));
+  auto device = ShmDeviceBuffer::CreateSealed(2 * kLayers * kLayerBytes);
+  ASSERT_OK(device);
+  auto handle = client->PassDescriptor(device->fd());
+  ASSERT_OK(handle);
+  std::vector<v1::DeviceBuffer> k, v;
+  Describe(*handle, &k, &v);
+  auto import = client->RegisterDeviceBuffers("p", kSlots, k, v);
+  ASSERT_OK(import);
+  EXPECT_ERROR(FailedPrecondition, client->FetchKvWord(*import));
+  EXPECT_ERROR(NotFound, client->FetchKvWord(*import + 1000));
+  // Still one session on a working socket.
+  EXPECT_OK(client->PassDescriptor(device->fd()));
+  auto pages = client->Alloc("p", kSlots);
+  ASSERT_OK(pages);
+  auto backup = client->Backup("p", *import, *pages, {{0, kSlots}});
+  ASSERT_OK(backup);
+  EXPECT_OK(client->Wait(*backup));
+  ASSERT_OK(client->UnregisterDeviceBuffers(*import));
+  EXPECT_ERROR(NotFound, client->FetchKvWord(*import));
+}
+
 TEST(ImportsTest, OnlySealedMemfdsArePassed) {
   testing::DaemonProcess daemon;
   ASSERT_TRUE(daemon.started()) << daemon.log();

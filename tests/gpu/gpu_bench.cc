@@ -222,6 +222,7 @@ std::unique_ptr<Engine> StartEngine(const std::string& target, const Model& m,
                            e->pool, shape.token_slots, e->cache->k(),
                            e->cache->v(), &e->signals->buffer()),
                        "register");
+  Check(e->signals->AttachKvWord(*e->client, e->import_id), "KV-written page");
   e->pages = Check(e->client->Alloc(e->pool, tokens), "alloc");
   // Device pages in a fixed shuffled order: an engine's KV cache is
   // fragmented at page granularity.

@@ -88,9 +88,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(const v1::PoolSpec& spec,
                                                       uint64_t slots,
                                                       uint32_t shared_from,
                                                       uint64_t misalign) {
+  return StartOn(SuiteDaemon::get()->target(), spec, slots, shared_from,
+                 misalign);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::StartOn(
+    const std::string& target, const v1::PoolSpec& spec, uint64_t slots,
+    uint32_t shared_from, uint64_t misalign) {
   std::unique_ptr<Engine> e(new Engine);
-  ASSIGN_OR_RETURN(e->client_,
-                   Client::Connect(SuiteDaemon::get()->target(), "engine"));
+  ASSIGN_OR_RETURN(e->client_, Client::Connect(target, "engine"));
   ASSIGN_OR_RETURN(e->pool_, e->client_->CreatePool(spec));
   RETURN_IF_ERROR(AwaitPinned(*e->client_, spec.name(), absl::Seconds(60)));
   KvCacheShape shape;
@@ -109,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(const v1::PoolSpec& spec,
   ASSIGN_OR_RETURN(e->import_id_, e->client_->RegisterDeviceBuffers(
                                       spec.name(), slots, e->cache_->k(),
                                       e->cache_->v(), &e->signals_->buffer()));
+  RETURN_IF_ERROR(e->signals_->AttachKvWord(*e->client_, e->import_id_));
   return e;
 }
 

@@ -98,6 +98,12 @@ class Engine {
       const v1::PoolSpec& spec, uint64_t slots,
       uint32_t shared_from = std::numeric_limits<uint32_t>::max(),
       uint64_t misalign = 0);
+  // As Start, on the daemon at `target` (a child engine process has no
+  // SuiteDaemon of its own).
+  static absl::StatusOr<std::unique_ptr<Engine>> StartOn(
+      const std::string& target, const v1::PoolSpec& spec, uint64_t slots,
+      uint32_t shared_from = std::numeric_limits<uint32_t>::max(),
+      uint64_t misalign = 0);
   // The session ends before the memory it registered is freed.
   ~Engine();
 

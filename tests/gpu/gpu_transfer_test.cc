@@ -7,10 +7,15 @@
 //
 // Without a GPU every test skips; tests/gpu/run.sh runs them on one.
 #include <cuda_runtime_api.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "hostkv/client.h"
 #include "hostkv/cuda_buffers.h"
@@ -561,6 +567,106 @@ TEST_F(GpuSessionTest, ManyEnginesAtOnceEachGetTheirOwnBytes) {
   std::vector<std::unique_ptr<Engine>*> all;
   for (auto& e : engines) all.push_back(&e);
   EndEngines("many", all);
+}
+
+// An engine process killed mid-copy. The child is this test binary run
+// again (fork + exec: a forked child may not use the CUDA state of a parent
+// that initialized CUDA) with only GpuChildEngine.* and the daemon's target
+// in the environment; it registers a large KV cache, starts a large backup
+// and one that waits for a mark it never makes, says so on a pipe and
+// waits to be SIGKILLed. The daemon must end its session (the session
+// socket closes), release the blocked wait, drop its import and keep
+// serving: the parent's own round trip stays byte-exact.
+constexpr char kChildTargetEnv[] = "HOSTKV_GPU_CHILD_TARGET";
+constexpr char kChildReadyFdEnv[] = "HOSTKV_GPU_CHILD_READY_FD";
+constexpr uint32_t kKilledPs = 16;
+constexpr uint64_t kKilledTokens = 16384;  // 8 layers x 4 KiB: 512 MiB
+
+v1::PoolSpec KilledChildSpec() {
+  return Spec("killed-child", {false, 8, 8, 128}, v1::LAYOUT_PAGE_FIRST,
+              kKilledPs, kKilledTokens + kKilledPs);
+}
+
+// Runs only as the child of KilledEngineLeavesTheDaemonServing.
+TEST(GpuChildEngine, StartsLargeBackupsAndWaitsToBeKilled) {
+  const char* target = std::getenv(kChildTargetEnv);
+  const char* ready_fd = std::getenv(kChildReadyFdEnv);
+  if (target == nullptr || ready_fd == nullptr) {
+    GTEST_SKIP() << "the child engine of KilledEngineLeavesTheDaemonServing";
+  }
+  auto e = Engine::StartOn(target, KilledChildSpec(), kKilledTokens + 3);
+  ASSERT_OK(e);
+  ASSERT_OK(gpu_testing::WritePatterns(
+      (*e)->cache(), gpu_testing::MakePatterns((*e)->cache(), 9)));
+  auto pages = (*e)->client().Alloc("killed-child", kKilledTokens);
+  ASSERT_OK(pages);
+  ASSERT_OK((*e)->client().Backup("killed-child", (*e)->import_id(), *pages,
+                                  {{0, kKilledTokens}}));
+  auto blocked = (*e)->client().Alloc("killed-child", kKilledPs);
+  if (blocked.ok()) {
+    TransferOptions options;
+    options.wait_kv_written = 1000;  // never marked
+    ASSERT_OK((*e)->client().Backup("killed-child", (*e)->import_id(),
+                                    *blocked, {{0, kKilledPs}}, options));
+  }
+  const char byte = 1;
+  ASSERT_EQ(1, write(std::atoi(ready_fd), &byte, 1));
+  for (;;) pause();  // SIGKILL ends it
+}
+
+TEST_F(GpuSessionTest, KilledEngineLeavesTheDaemonServing) {
+  HOSTKV_SKIP_WITHOUT_GPU();
+  ASSERT_DAEMON();
+  constexpr uint32_t kPs = 16;
+  const v1::PoolSpec spec = Spec("killed-parent", {false, 4, 2, 64},
+                                 v1::LAYOUT_PAGE_FIRST, kPs, 16 * kPs);
+  auto parent = Engine::Start(spec, 8 * kPs);
+  ASSERT_OK(parent);
+  ExpectRoundTrip(**parent);
+
+  int ready[2];
+  ASSERT_EQ(0, pipe(ready));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    setenv(kChildTargetEnv, SuiteDaemon::get()->target().c_str(), 1);
+    setenv(kChildReadyFdEnv, std::to_string(ready[1]).c_str(), 1);
+    execl("/proc/self/exe", "gpu_transfer_test",
+          "--gtest_filter=GpuChildEngine.*", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(ready[1]);
+  pollfd p{ready[0], POLLIN, 0};
+  char byte = 0;
+  const bool started = poll(&p, 1, 120000) == 1 && read(ready[0], &byte, 1) == 1;
+  close(ready[0]);
+  kill(child, SIGKILL);
+  int wstatus = 0;
+  ASSERT_EQ(child, waitpid(child, &wstatus, 0));
+  ASSERT_TRUE(started) << "the child engine did not start its backups (see "
+                          "its output above)";
+
+  // The daemon ends the child's session and drops its import; its pages go.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool gone = false;
+  while (!gone && absl::Now() < deadline) {
+    auto stats = (*parent)->client().GetPoolStats("killed-child");
+    ASSERT_OK(stats);
+    gone = stats->pools_size() == 1 && stats->pools(0).used_pages() == 0;
+    for (const v1::SessionInfo& s : stats->sessions()) {
+      if (s.pid() == static_cast<uint32_t>(child)) gone = false;
+    }
+    if (!gone) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "the killed engine's session or pages are still there "
+                       "after 30 s";
+  auto serving = CheckHealth(SuiteDaemon::get()->target());
+  ASSERT_OK(serving);
+  EXPECT_TRUE(*serving);
+  for (int round = 0; round < 3; ++round) ExpectRoundTrip(**parent);
+  EXPECT_OK(gpu_testing::DeletePool("killed-child"));
+  EndEngines("killed-parent", {&*parent});
 }
 
 // Host-side per-layer waits on a CUDA import, and a load that waits on the

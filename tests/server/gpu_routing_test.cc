@@ -5,6 +5,9 @@
 // and only it, signal values follow submission order, backups' "KV written"
 // waits are released when an import or session goes, and Unregister and
 // CloseSession wait for the import's operations.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +28,7 @@
 #include "server/gpu_backend.h"
 #include "server/gpu_op_tracker.h"
 #include "server/host_pool.h"
+#include "server/kv_word_page.h"
 #include "server/request_handler.h"
 #include "server/transfer_engine.h"
 #include "proto/contract/status_macros.h"
@@ -70,19 +74,30 @@ class ScriptedPinning : public PoolPinning {
   v1::PinState state_ ABSL_GUARDED_BY(mu_) = v1::PIN_PINNING;
 };
 
+// Its "KV written" word is a real KvWordPage, as CudaImportState's (there
+// also registered with CUDA), released the same way: a CPU store.
 class ScriptedImport : public GpuImportState {
  public:
-  explicit ScriptedImport(std::atomic<int>* destroyed) : destroyed_(destroyed) {}
+  explicit ScriptedImport(std::atomic<int>* destroyed)
+      : destroyed_(destroyed), kv_word_(KvWordPage::Create().value()) {}
   ~ScriptedImport() override { destroyed_->fetch_add(1); }
   int device() const override { return 0; }
   bool has_signals() const override { return true; }
   uint64_t NextSignalValue() override { return ++last_; }
-  void ReleaseWaits() override { released_.fetch_add(1); }
+  void ReleaseWaits() override {
+    released_.fetch_add(1);
+    kv_word_->Release();
+  }
+  absl::StatusOr<ScopedFd> FetchKvWord() const override {
+    return kv_word_->Duplicate();
+  }
+  const KvWordPage& kv_word() const { return *kv_word_; }
   std::atomic<int> released_{0};
 
  private:
   std::atomic<int>* const destroyed_;
   std::atomic<uint64_t> last_{0};
+  const std::unique_ptr<KvWordPage> kv_word_;
 };
 
 // A GpuBackend whose operations stay "on the GPU" until the test completes
@@ -586,6 +601,121 @@ TEST_F(GpuRoutingTest, EnqueueKeepsTheImportWhenItsOpIsFinishedMeanwhile) {
   EXPECT_TRUE(WaitUntil([this] { return gpu_.imports_destroyed() == 1; }));
   unregisterer.join();
   gpu_.set_after_add(nullptr);
+}
+
+}  // namespace
+}  // namespace hostkv
+
+namespace hostkv {
+namespace {
+
+// What an engine does with the page kFetchKvWord hands it: map it and
+// write its marks there; the daemon's release reaches its mapping.
+class EngineKvWord {
+ public:
+  explicit EngineKvWord(int fd)
+      : page_(mmap(nullptr, KvWordPage::kPageBytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fd, 0)) {}
+  ~EngineKvWord() {
+    if (page_ != MAP_FAILED) munmap(page_, KvWordPage::kPageBytes);
+  }
+  bool mapped() const { return page_ != MAP_FAILED; }
+  std::atomic_ref<uint64_t> word() const {
+    return std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(page_));
+  }
+
+ private:
+  void* const page_;
+};
+
+class KvWordRoutingTest : public GpuRoutingTest {
+ protected:
+  // A session attached as the session socket attaches one (a peer uid).
+  SessionId OpenAttached() {
+    auto attached = handler_.OpenAttachedSession("engine", Engine());
+    EXPECT_OK(attached);
+    return attached.ok() ? attached->session->id() : SessionId();
+  }
+  static PeerCredentials Engine() {
+    PeerCredentials peer;
+    peer.pid = static_cast<uint32_t>(getpid());
+    peer.uid = static_cast<uint32_t>(getuid());
+    peer.gid = static_cast<uint32_t>(getgid());
+    return peer;
+  }
+};
+
+TEST_F(KvWordRoutingTest, TheEngineGetsTheImportsSealedPage) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenAttached();
+  const uint64_t import = Register(s);
+  auto fd = handler_.FetchKvWord(s, Engine(), import);
+  ASSERT_OK(fd);
+  struct stat st{};
+  ASSERT_EQ(0, fstat(fd->get(), &st));
+  EXPECT_EQ(static_cast<off_t>(KvWordPage::kPageBytes), st.st_size);
+  const int seals = fcntl(fd->get(), F_GET_SEALS);
+  EXPECT_EQ(F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL,
+            seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+  EXPECT_NE(0, fcntl(fd->get(), F_GETFD) & FD_CLOEXEC);
+  EngineKvWord engine(fd->get());
+  ASSERT_TRUE(engine.mapped());
+  EXPECT_EQ(0u, engine.word().load());
+  // The engine's mark is the word the daemon waits on.
+  engine.word().store(7);
+  EXPECT_EQ(7u, gpu_.import(0)->kv_word().Load());
+}
+
+TEST_F(KvWordRoutingTest, UnregisterReleasesTheEnginesMappingToo) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenAttached();
+  const uint64_t import = Register(s);
+  auto fd = handler_.FetchKvWord(s, Engine(), import);
+  ASSERT_OK(fd);
+  EngineKvWord engine(fd->get());
+  ASSERT_TRUE(engine.mapped());
+  v1::UnregisterDeviceBuffersRequest unregister;
+  unregister.set_session_id(s);
+  unregister.set_import_id(import);
+  ASSERT_OK(handler_.UnregisterDeviceBuffers(unregister));
+  EXPECT_EQ(KvWordPage::kReleased, engine.word().load());
+  // The import is gone: so is its page (for this session).
+  EXPECT_ERROR(NotFound, handler_.FetchKvWord(s, Engine(), import));
+}
+
+TEST_F(KvWordRoutingTest, SessionEndReleasesTheEnginesMapping) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenAttached();
+  const uint64_t import = Register(s);
+  auto fd = handler_.FetchKvWord(s, Engine(), import);
+  ASSERT_OK(fd);
+  EngineKvWord engine(fd->get());
+  ASSERT_TRUE(engine.mapped());
+  ASSERT_OK(handler_.EndSession(s, "disconnected"));
+  EXPECT_EQ(KvWordPage::kReleased, engine.word().load());
+}
+
+TEST_F(KvWordRoutingTest, OnlyTheSessionsPeerGetsItsOwnImportsPage) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenAttached();
+  const uint64_t import = Register(s);
+  EXPECT_ERROR(NotFound, handler_.FetchKvWord(s, Engine(), import + 100));
+  PeerCredentials stranger = Engine();
+  stranger.uid += 1;
+  EXPECT_ERROR(PermissionDenied, handler_.FetchKvWord(s, stranger, import));
+  // Another session of the same user does not see this session's imports.
+  const SessionId other = OpenAttached();
+  EXPECT_ERROR(NotFound, handler_.FetchKvWord(other, Engine(), import));
+  // A session opened over gRPC has no peer to hand descriptors to.
+  const SessionId unattached = OpenSession();
+  EXPECT_ERROR(PermissionDenied,
+               handler_.FetchKvWord(unattached, Engine(), import));
+  EXPECT_ERROR(NotFound,
+               handler_.FetchKvWord(SessionId(16, 'x'), Engine(), import));
 }
 
 }  // namespace

@@ -121,6 +121,13 @@ class Client {
   // (FailedPrecondition over TCP); InvalidArgument for an unsealed fd.
   absl::StatusOr<uint64_t> PassDescriptor(int fd);
 
+  // Fetches, over the session socket, the memfd of the "KV written" page
+  // of CUDA import `import_id` (registered with gpu_signals); the caller
+  // owns the returned descriptor. GpuSignals::AttachKvWord does this for
+  // you. NotFound for an unknown import, FailedPrecondition for an import
+  // without gpu_signals or over a TCP target.
+  absl::StatusOr<int> FetchKvWord(uint64_t import_id);
+
   // Allocates num_tokens host slots (a multiple of the page size).
   absl::StatusOr<std::vector<PageRange>> Alloc(const std::string& pool,
                                                uint64_t num_tokens);
