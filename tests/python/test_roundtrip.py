@@ -13,6 +13,7 @@ SLOTS = DEVICE_TOKENS + PAGE
 CASES = [
     ("mha", "page_first"), ("mha", "layer_first"),
     ("mla", "page_first"), ("mla", "layer_first"),
+    ("mha", "page_first_direct"), ("mla", "page_first_direct"), ("mha", "page_head"),
 ]
 
 
@@ -44,8 +45,9 @@ def rows(kv, attention, first, count):
     return kv.narrow(token_axis(attention), first, count)
 
 
+@pytest.mark.parametrize("mechanism", [hostkv.pb.MECHANISM_KERNEL, hostkv.pb.MECHANISM_DIRECT])
 @pytest.mark.parametrize("attention,layout", CASES)
-def test_backup_zero_load_layer_by_layer(client, attention, layout):
+def test_backup_zero_load_layer_by_layer(client, attention, layout, mechanism):
     pool, kv, k, v = make_pool(client, attention, layout)
     name = pool.spec.name
     kb, vb = hkt.device_buffers_for(client, k, v)
@@ -55,13 +57,13 @@ def test_backup_zero_load_layer_by_layer(client, attention, layout):
 
     pages = client.alloc(name, 16)
     assert hostkv.count_tokens(pages, PAGE) == 16
-    op = client.backup(name, import_id, pages, [(4, 16)])
+    op = client.backup(name, import_id, pages, [(4, 16)], mechanism=mechanism)
     assert (op.layer_begin, op.num_layers, op.num_tokens) == (0, LAYERS, 16)
     client.wait(op)
     assert len(client.read_pages(name, pages)) == 4 * pool.page_bytes
 
     kv.zero_()
-    op = client.load(name, import_id, pages, [(20, 8), (8, 8)])
+    op = client.load(name, import_id, pages, [(20, 8), (8, 8)], mechanism=mechanism)
     for layer in range(LAYERS):
         client.wait_layer(op, layer, timeout=10)
     assert torch.equal(rows(kv, attention, 20, 8), rows(original, attention, 4, 8))
