@@ -1,0 +1,375 @@
+"""hostkv.Client: one session with hostkvd (the Python twin of hostkv::Client).
+
+    with hostkv.Client("unix:/run/hostkv/hostkvd.sock", "engine-rank0") as c:
+        pool = c.create_pool(spec)
+        import_id = c.register_device_buffers(pool.spec.name, slots, k, v)
+        pages = c.alloc(pool.spec.name, 64)            # [(first, count), ...]
+        op = c.backup(pool.spec.name, import_id, pages, [(0, 64)])
+        c.wait(op)                                     # or wait_layer
+
+Every failure raises the hostkv.errors class named after its status code.
+Everything the session allocates or registers is released on close() (or
+when this process dies: on a unix: target the session lives as long as its
+session socket). Thread-safe: gRPC stubs are, and session-socket exchanges
+are serialized by a lock.
+"""
+import dataclasses
+import os
+import stat
+import threading
+
+import grpc
+
+from . import _session_socket, _signals, errors
+from ._proto import hostkv_pb2 as pb
+from ._proto import hostkv_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "unix:/run/hostkv/hostkvd.sock"
+_CALL_TIMEOUT = 60.0
+_MAX_MESSAGE = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """A submitted load or backup (TransferResponse)."""
+    op_id: int
+    signal_index: int
+    layer_begin: int
+    num_layers: int
+    num_tokens: int = 0
+    bytes: int = 0
+    # CUDA imports with GPU signals: each layer's signal word takes this value.
+    signal_value: int = 0
+
+
+def _runs(pages, message):
+    return [message(first_page=f, num_pages=n) for f, n in pages]
+
+
+def _pairs(runs):
+    flat = []
+    for first, count in runs:
+        flat.append(first)
+        flat.append(count)
+    return flat
+
+
+class Client:
+    """A session with hostkvd at `target` ("unix:PATH" or "HOST:PORT").
+
+    On a unix: target the session is opened over the session socket, bound
+    to this process's uid, and ends by itself if this process dies; over
+    TCP it is opened with OpenSession and a thread renews its lease every
+    lease/3. Raises Unavailable if the daemon cannot be reached,
+    InvalidArgument for a client_name of more than 200 bytes,
+    Unauthenticated without the daemon's token.
+    """
+
+    def __init__(self, target=DEFAULT_TARGET, client_name="python", auth_token=None,
+                 connect_timeout=5.0):
+        self._lock = threading.Lock()  # guards _socket and _open
+        self._socket = None
+        self._open = False
+        self._signals = None
+        self._stop_renewing = threading.Event()
+        self._renewer = None
+        self._channel = None
+        self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
+        self.session_id = b""
+        self.session_number = 0
+        name = client_name.encode("utf-8")
+        unix_socket = target.startswith("unix:")
+        if unix_socket:
+            path = target[5:]
+            try:
+                is_socket = stat.S_ISSOCK(os.stat(path).st_mode)
+            except OSError:
+                is_socket = False
+            if not is_socket:
+                raise errors.Unavailable(f"no hostkvd socket at {path} (is hostkvd running?)")
+        if len(name) >= _session_socket.CLIENT_NAME_BYTES:
+            raise errors.InvalidArgument("client_name is longer than 200 bytes")
+        self._channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.enable_http_proxy", 0)])
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            self._channel = None
+            raise errors.Unavailable(
+                f"cannot reach hostkvd at {target} (is it running? is the socket path "
+                "right?)") from None
+        self._stub = pb_grpc.HostKVStub(self._channel)
+        try:
+            if unix_socket:
+                self._open_over_session_socket(target[5:], name)
+            else:
+                self._open_over_rpc(client_name)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- session ---------------------------------------------------------
+
+    def _open_over_session_socket(self, socket_path, name):
+        sock = _session_socket.connect(socket_path)
+        try:
+            reply = _session_socket.exchange(
+                sock, _session_socket.message(_session_socket.KIND_OPEN, client_name=name))
+        except BaseException:
+            sock.close()
+            raise
+        if reply.fd < 0:
+            sock.close()
+            raise errors.Internal("the daemon sent no signal segment")
+        try:
+            self._signals = _signals.SignalSegment(reply.fd, reply.signal_slots)
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            os.close(reply.fd)
+        self.session_id = bytes(reply.session_id)
+        self.session_number = reply.session_number
+        with self._lock:
+            self._socket = sock
+            self._open = True
+
+    def _open_over_rpc(self, client_name):
+        response = self._call(self._stub.OpenSession, pb.OpenSessionRequest(
+            client_name=client_name, pid=os.getpid()))
+        self.session_id = response.session_id
+        self.session_number = response.session_number
+        with self._lock:
+            self._open = True
+        period = max(1, response.lease_seconds) / 3.0
+        self._renewer = threading.Thread(target=self._renew, args=(period,),
+                                         name="hostkv-renew", daemon=True)
+        self._renewer.start()
+        name = response.signal_segment
+        try:
+            fd = os.open("/dev/shm/" + name.lstrip("/"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise errors.from_code(errors.NotFound.code if e.errno == 2 else
+                                   errors.Internal.code,
+                                   f"cannot open the signal segment {name}: {e.strerror}") from None
+        try:
+            self._signals = _signals.SignalSegment(fd, response.signal_slots)
+        finally:
+            os.close(fd)
+
+    def _renew(self, period):
+        request = pb.RenewSessionRequest(session_id=self.session_id)
+        while not self._stop_renewing.wait(period):
+            try:
+                self._call(self._stub.RenewSession, request)
+            except errors.HostKVError:
+                pass  # the next period tries again; the lease says how long
+
+    def close(self):
+        """Closes the session: the daemon frees its pages and imports. Idempotent."""
+        self._stop_renewing.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join()
+        with self._lock:
+            was_open, self._open = self._open, False
+        error = None
+        if was_open:
+            try:
+                self._call(self._stub.CloseSession,
+                           pb.CloseSessionRequest(session_id=self.session_id))
+            except errors.HostKVError as e:
+                error = e
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None
+        if getattr(self, "_channel", None) is not None:
+            self._channel.close()
+            self._channel = None
+        if error is not None:
+            raise error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # Like ~Client; an interpreter shutting down may have torn grpc down.
+        try:
+            self.close()
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+    def _call(self, method, request):
+        if self._channel is None:
+            raise errors.FailedPrecondition("the client is closed")
+        try:
+            return method(request, timeout=_CALL_TIMEOUT, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        except ValueError:  # the channel closed under this call
+            raise errors.FailedPrecondition("the client is closed") from None
+
+    # -- pools -----------------------------------------------------------
+
+    def create_pool(self, spec, attach_if_exists=True):
+        """Creates a pool (hostkv_pb2.PoolSpec); returns the Pool.
+
+        With attach_if_exists an existing pool of the same spec is returned
+        instead of AlreadyExists.
+        """
+        return self._call(self._stub.CreatePool, pb.CreatePoolRequest(
+            spec=spec, attach_if_exists=attach_if_exists, session_id=self.session_id))
+
+    def get_pool(self, name):
+        """Returns the Pool; NotFound if none has this name."""
+        return self._call(self._stub.GetPool, pb.GetPoolRequest(name=name))
+
+    def list_pools(self):
+        return list(self._call(self._stub.ListPools, pb.ListPoolsRequest()).pools)
+
+    def delete_pool(self, name):
+        """FailedPrecondition while pages or imports use it; PermissionDenied."""
+        self._call(self._stub.DeletePool,
+                   pb.DeletePoolRequest(name=name, session_id=self.session_id))
+
+    # -- device buffers --------------------------------------------------
+
+    def register_device_buffers(self, pool, token_slots, k, v=(), gpu_signals=None):
+        """Registers per-layer device buffers k[l], v[l] (v empty for MLA).
+
+        Entries are hostkv_pb2.DeviceBuffer (hostkv.shm.describe_passed,
+        describe_shm, describe_cuda make them). Returns the import id.
+        """
+        request = pb.RegisterDeviceBuffersRequest(
+            session_id=self.session_id, pool=pool, token_slots=token_slots,
+            k_buffers=list(k), v_buffers=list(v))
+        if gpu_signals is not None:
+            request.gpu_signals.CopyFrom(gpu_signals)
+        return self._call(self._stub.RegisterDeviceBuffers, request).import_id
+
+    def unregister_device_buffers(self, import_id):
+        self._call(self._stub.UnregisterDeviceBuffers, pb.UnregisterDeviceBuffersRequest(
+            session_id=self.session_id, import_id=import_id))
+
+    unregister = unregister_device_buffers
+
+    def pass_descriptor(self, fd):
+        """Hands the daemon `fd` (a memfd sealed against shrinking) over the
+        session socket; returns the handle DeviceBuffer.passed_fd names it by.
+
+        FailedPrecondition over TCP; InvalidArgument for an unsealed fd.
+        """
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        with self._lock:
+            if self._socket is None:
+                raise errors.FailedPrecondition(
+                    "descriptors travel over the session socket: connect to a unix: target")
+            reply = _session_socket.exchange(
+                self._socket, _session_socket.message(_session_socket.KIND_PASS_FD), fd)
+        if reply.fd >= 0:
+            os.close(reply.fd)
+        return reply.value
+
+    # -- host pages ------------------------------------------------------
+
+    def alloc(self, pool, num_tokens):
+        """Allocates num_tokens host slots (a multiple of the page size).
+
+        Returns [(first_page, num_pages), ...]; ResourceExhausted when full.
+        """
+        response = self._call(self._stub.Alloc, pb.AllocRequest(
+            session_id=self.session_id, pool=pool, num_tokens=num_tokens))
+        return [(r.first_page, r.num_pages) for r in response.pages]
+
+    def free(self, pool, pages):
+        """Frees pages (all or nothing); returns how many were freed."""
+        return self._call(self._stub.Free, pb.FreeRequest(
+            session_id=self.session_id, pool=pool,
+            pages=_runs(pages, pb.PageRun))).pages_freed
+
+    def hand_over_pages(self, pool, pages, to_session_number):
+        """Gives pages to session `to_session_number`; returns how many moved."""
+        return self._call(self._stub.HandOverPages, pb.HandOverPagesRequest(
+            session_id=self.session_id, pool=pool, pages=_runs(pages, pb.PageRun),
+            to_session_number=to_session_number)).pages
+
+    # -- transfers -------------------------------------------------------
+
+    def load(self, pool, import_id, host_pages, device_slots, **options):
+        """Host pages -> device slots; returns the Operation once enqueued.
+
+        Options: layer_begin, layer_end (0: every layer), mechanism,
+        wait_kv_written.
+        """
+        return self._transfer(self._stub.Load, pool, import_id, host_pages, device_slots,
+                              **options)
+
+    def backup(self, pool, import_id, host_pages, device_slots, **options):
+        """Device slots -> host pages; returns the Operation once enqueued."""
+        return self._transfer(self._stub.Backup, pool, import_id, host_pages, device_slots,
+                              **options)
+
+    def _transfer(self, method, pool, import_id, host_pages, device_slots, layer_begin=0,
+                  layer_end=0, mechanism=pb.MECHANISM_UNSPECIFIED, wait_kv_written=0):
+        response = self._call(method, pb.TransferRequest(
+            session_id=self.session_id, pool=pool, import_id=import_id,
+            host_page_pairs=_pairs(host_pages), device_slot_pairs=_pairs(device_slots),
+            layer_begin=layer_begin, layer_end=layer_end, mechanism=mechanism,
+            wait_kv_written=wait_kv_written))
+        if response.signal_index >= self._signals.slots:
+            raise errors.Internal("the daemon returned a signal index out of range")
+        return Operation(response.op_id, response.signal_index, response.layer_begin,
+                         response.num_layers, response.num_tokens, response.bytes,
+                         response.signal_value)
+
+    def wait_layer(self, op, layer, timeout=60.0):
+        """Blocks until layer `layer` (absolute) of `op` is copied, without
+        calling the daemon.
+
+        InvalidArgument if `op` does not cover the layer; Aborted if the
+        daemon abandoned the operation; DeadlineExceeded after `timeout` s.
+        """
+        if layer < op.layer_begin or layer - op.layer_begin >= op.num_layers:
+            raise errors.InvalidArgument(
+                f"operation {op.op_id} covers layers [{op.layer_begin}, "
+                f"{op.layer_begin + op.num_layers}), not {layer}")
+        self._signals.wait_for_layers(op.signal_index, op.op_id,
+                                      layer - op.layer_begin + 1, timeout)
+
+    def wait(self, op, timeout=60.0):
+        """Blocks until every layer of `op` is copied."""
+        if op.num_layers == 0:
+            return
+        self.wait_layer(op, op.layer_begin + op.num_layers - 1, timeout)
+
+    # -- page access and stats ---------------------------------------------
+
+    def read_pages(self, pool, pages):
+        """Pages in SGLang's flat page format, concatenated (bytes)."""
+        return self._call(self._stub.ReadPages, pb.ReadPagesRequest(
+            session_id=self.session_id, pool=pool, pages=_runs(pages, pb.PageRun))).data
+
+    def write_pages(self, pool, pages, data):
+        self._call(self._stub.WritePages, pb.WritePagesRequest(
+            session_id=self.session_id, pool=pool, pages=_runs(pages, pb.PageRun),
+            data=bytes(data)))
+
+    def get_page_buffer_meta(self, pool, pages):
+        """GetPageBufferMetaResponse: segment_name and the pieces' offsets."""
+        return self._call(self._stub.GetPageBufferMeta, pb.GetPageBufferMetaRequest(
+            pool=pool, pages=_runs(pages, pb.PageRun)))
+
+    def get_pool_stats(self, pool=""):
+        """GetPoolStatsResponse of one pool, or of every pool when empty."""
+        return self._call(self._stub.GetPoolStats, pb.GetPoolStatsRequest(pool=pool))
+
+
+def count_tokens(pages, page_size):
+    """Tokens covered by `pages` in a pool of `page_size`."""
+    return sum(n for _, n in pages) * page_size

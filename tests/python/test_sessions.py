@@ -1,0 +1,96 @@
+"""Session lifetime: a killed client's pages come back; TCP with a token."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import hostkv
+from hostkv import errors
+from conftest import Daemon
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    import hostkv
+    c = hostkv.Client(sys.argv[1], "doomed")
+    c.create_pool(hostkv.mha_pool_spec("killed", num_layers=1, num_kv_heads=1,
+                                       head_dim=8, page_size=4, capacity_tokens=64))
+    c.alloc("killed", 32)
+    print(c.session_number, flush=True)
+    time.sleep(600)
+""")
+
+
+def used_pages(client, pool):
+    (s,) = client.get_pool_stats(pool).pools
+    return s.used_pages
+
+
+def test_sigkilled_client_has_its_session_reclaimed(daemon, client):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.target],
+                             stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        number = int(child.stdout.readline())
+        assert used_pages(client, "killed") == 8
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 5
+        while used_pages(client, "killed") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert used_pages(client, "killed") == 0
+        numbers = [s.session_number for s in client.get_pool_stats().sessions]
+        assert number not in numbers
+    finally:
+        if child.poll() is None:
+            child.kill()
+    client.delete_pool("killed")
+
+
+TOKEN = "py-s3cret"
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon():
+    d = Daemon("--session_lease=3s", tcp=True, token=TOKEN)
+    yield d
+    d.stop()
+
+
+def test_tcp_with_token_renews_its_lease(tcp_daemon):
+    with hostkv.Client(tcp_daemon.target, "tcp-client", auth_token=TOKEN) as c:
+        pool = c.create_pool(hostkv.mha_pool_spec(
+            "tcp", num_layers=1, num_kv_heads=1, head_dim=8, page_size=4,
+            capacity_tokens=32))
+        pages = c.alloc("tcp", 8)
+        data = os.urandom(2 * pool.page_bytes)
+        c.write_pages("tcp", pages, data)
+        time.sleep(4.5)  # past the 3 s lease: only the renewals keep it
+        assert c.read_pages("tcp", pages) == data
+        with pytest.raises(errors.FailedPrecondition):
+            c.pass_descriptor(0)  # no session socket over TCP
+        c.free("tcp", pages)
+        c.delete_pool("tcp")
+
+
+def test_tcp_without_token(tcp_daemon):
+    with pytest.raises(errors.Unauthenticated):
+        hostkv.Client(tcp_daemon.target, "no-token")
+    with pytest.raises(errors.Unauthenticated):
+        hostkv.Client(tcp_daemon.target, "wrong-token", auth_token="nope")
+
+
+def test_close_frees_and_is_idempotent(daemon, client):
+    client.create_pool(hostkv.mha_pool_spec("closing", num_layers=1, num_kv_heads=1,
+                                            head_dim=8, page_size=4, capacity_tokens=64))
+    other = hostkv.Client(daemon.target, "closer")
+    other.alloc("closing", 16)
+    assert used_pages(client, "closing") == 4
+    other.close()
+    other.close()
+    with pytest.raises(errors.FailedPrecondition):
+        other.alloc("closing", 4)
+    assert used_pages(client, "closing") == 0
+    client.delete_pool("closing")
