@@ -25,5 +25,5 @@ $SUDO ./build-release/client/hostkv --target="unix:$SOCKET" stats
 echo
 echo "hostkvd is serving unix:$SOCKET (Ctrl-C stops it). Try:"
 echo "  ./build-release/client/hostkv --target=unix:$SOCKET pools"
-echo "  grpcurl -plaintext -unix $SOCKET hostkv.v1.HostKV/GetPoolStats"
+echo "  grpcurl -plaintext -emit-defaults -unix $SOCKET hostkv.v1.HostKV/GetPoolStats"
 wait $DAEMON
