@@ -382,7 +382,7 @@ absl::StatusOr<v1::Pool> Client::CreatePool(const v1::PoolSpec& spec,
 
 absl::StatusOr<v1::Pool> Client::GetPool(const std::string& name) {
   v1::GetPoolRequest request;
-  request.set_name(name);
+  request.set_pool(name);
   return impl_->Call<v1::GetPoolRequest, v1::Pool>(&v1::HostKV::Stub::GetPool,
                                                    request);
 }
@@ -397,7 +397,7 @@ absl::StatusOr<std::vector<v1::Pool>> Client::ListPools() {
 absl::Status Client::DeletePool(const std::string& name) {
   v1::DeletePoolRequest request;
   request.set_session_id(impl_->session_id);
-  request.set_name(name);
+  request.set_pool(name);
   return impl_->Call<v1::DeletePoolRequest, v1::DeletePoolResponse>(
                  &v1::HostKV::Stub::DeletePool, request)
       .status();

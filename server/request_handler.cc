@@ -219,7 +219,7 @@ absl::StatusOr<v1::Pool> RequestHandler::CreatePool(
 
 absl::StatusOr<v1::Pool> RequestHandler::GetPool(
     const v1::GetPoolRequest& request) {
-  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.name()));
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
   return pool->Describe();
 }
 
@@ -235,8 +235,8 @@ absl::StatusOr<v1::DeletePoolResponse> RequestHandler::DeletePool(
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
-  RETURN_IF_ERROR(pools_->Delete(request.name(), Principal::Of(*session)));
-  spdlog::info("pool '{}' deleted by session {}", request.name(), session->tag());
+  RETURN_IF_ERROR(pools_->Delete(request.pool(), Principal::Of(*session)));
+  spdlog::info("pool '{}' deleted by session {}", request.pool(), session->tag());
   return v1::DeletePoolResponse();
 }
 

@@ -96,7 +96,7 @@ void Harness::Dispatch(int op) {
       return DoGetPoolStats();
     case kGetPool: {
       v1::GetPoolRequest r;
-      r.set_name(PickPoolName());
+      r.set_pool(PickPoolName());
       Note(handler_.GetPool(r).ok());
       return;
     }
@@ -210,7 +210,7 @@ void Harness::TearDown() {
   for (const auto& pool : pools_.List()) {
     if (IsIntactBasePool(*pool)) continue;
     v1::DeletePoolRequest r;
-    r.set_name(pool->name());
+    r.set_pool(pool->name());
     r.set_session_id(admin->session->id());
     auto s = handler_.DeletePool(r);
     Note(s.ok());

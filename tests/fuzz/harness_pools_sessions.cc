@@ -145,14 +145,14 @@ void Harness::CheckCreatePool(const v1::CreatePoolRequest& r,
 // it is in use.
 void Harness::DoDeletePool() {
   v1::DeletePoolRequest r;
-  r.set_name(PickPoolName());
+  r.set_pool(PickPoolName());
   r.set_session_id(PickSessionId());
-  const bool existed = FindPool(r.name()) != nullptr;
+  const bool existed = FindPool(r.pool()) != nullptr;
   bool in_use = false;
   for (const SessionModel& s : live_) {
-    auto it = s.pages.find(r.name());
+    auto it = s.pages.find(r.pool());
     if (it != s.pages.end() && !it->second.empty()) in_use = true;
-    for (const ImportModel& i : s.imports) in_use |= i.pool == r.name();
+    for (const ImportModel& i : s.imports) in_use |= i.pool == r.pool();
   }
   const bool engine_idle = transfers_.queued() == 0;
   auto s = handler_.DeletePool(r);
@@ -160,29 +160,29 @@ void Harness::DoDeletePool() {
   if (!CheckSessionAnswer(r.session_id(), s.status(), "DeletePool")) return;
   const SessionModel& m = *FindLive(r.session_id());
   if (!existed) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "DeletePool of unknown ", r.name(),
+    FUZZ_CHECK(absl::IsNotFound(s.status()), "DeletePool of unknown ", r.pool(),
                ": ", s.status().ToString());
     return;
   }
-  if (!MayAdminPool(pool_owners_.at(r.name()), m)) {
-    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "DeletePool of ", r.name(),
-               " owned by ", pool_owners_.at(r.name()).ShortDebugString(),
+  if (!MayAdminPool(pool_owners_.at(r.pool()), m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "DeletePool of ", r.pool(),
+               " owned by ", pool_owners_.at(r.pool()).ShortDebugString(),
                " by uid ", m.uid, m.attached ? "" : " (unattached)", ": ",
                s.status().ToString());
     return;
   }
   if (in_use) {
     FUZZ_CHECK(absl::IsFailedPrecondition(s.status()), "DeletePool of ",
-               r.name(), " in use: ", s.status().ToString());
+               r.pool(), " in use: ", s.status().ToString());
     return;
   }
   if (s.ok()) {
-    for (SessionModel& l : live_) l.pages.erase(r.name());
-    pool_owners_.erase(r.name());
+    for (SessionModel& l : live_) l.pages.erase(r.pool());
+    pool_owners_.erase(r.pool());
     return;
   }
   FUZZ_CHECK(!engine_idle && absl::IsFailedPrecondition(s.status()),
-             "DeletePool of unused ", r.name(),
+             "DeletePool of unused ", r.pool(),
              " refused: ", s.status().ToString());
 }
 

@@ -406,7 +406,7 @@ TEST_F(GpuRoutingTest, PinningGatesHealthAndCudaTransfers) {
   gpu_.pinning(0)->Finish(/*ok=*/true);
   EXPECT_TRUE(Serving("p"));
   auto get = v1::GetPoolRequest();
-  get.set_name("p");
+  get.set_pool("p");
   auto described = handler_.GetPool(get);
   ASSERT_OK(described);
   EXPECT_TRUE(described->pinned());

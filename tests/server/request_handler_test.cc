@@ -168,7 +168,7 @@ TEST_F(RequestHandlerTest, UnknownNamesAreNotFound) {
   alloc.set_num_tokens(4);
   EXPECT_ERROR(NotFound, handler_.Alloc(alloc));
   v1::GetPoolRequest get;
-  get.set_name("nope");
+  get.set_pool("nope");
   EXPECT_ERROR(NotFound, handler_.GetPool(get));
   v1::GetPoolStatsRequest stats;
   stats.set_pool("nope");
@@ -546,7 +546,7 @@ TEST_F(RequestHandlerTest, CloseSessionReleasesEverything) {
   Register(s);
   Alloc(s, 12);
   v1::DeletePoolRequest del;
-  del.set_name("p");
+  del.set_pool("p");
   del.set_session_id(s);
   EXPECT_ERROR(FailedPrecondition, handler_.DeletePool(del));
   v1::CloseSessionRequest close;

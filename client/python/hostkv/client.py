@@ -228,7 +228,7 @@ class Client:
 
     def get_pool(self, name):
         """Returns the Pool; NotFound if none has this name."""
-        return self._call(self._stub.GetPool, pb.GetPoolRequest(name=name))
+        return self._call(self._stub.GetPool, pb.GetPoolRequest(pool=name))
 
     def list_pools(self):
         return list(self._call(self._stub.ListPools, pb.ListPoolsRequest()).pools)
@@ -236,7 +236,7 @@ class Client:
     def delete_pool(self, name):
         """FailedPrecondition while pages or imports use it; PermissionDenied."""
         self._call(self._stub.DeletePool,
-                   pb.DeletePoolRequest(name=name, session_id=self.session_id))
+                   pb.DeletePoolRequest(pool=name, session_id=self.session_id))
 
     # -- device buffers --------------------------------------------------
 
