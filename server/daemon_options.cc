@@ -198,6 +198,17 @@ absl::StatusOr<uint32_t> CountFlag(const char* name, int value, int min = 1) {
   return static_cast<uint32_t>(value);
 }
 
+// A pool access flag as the enum, or InvalidArgument naming it.
+absl::StatusOr<v1::PoolAccess> AccessFlag(const char* name,
+                                          const std::string& value) {
+  absl::StatusOr<v1::PoolAccess> access = ParsePoolAccess(value);
+  if (!access.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": ", access.status().message()));
+  }
+  return access;
+}
+
 absl::Status ReadTenantLimits(DaemonOptions& o) {
   ASSIGN_OR_RETURN(
       o.sessions.max_sessions,
@@ -235,19 +246,11 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
   ASSIGN_OR_RETURN(o.quota.max_pool_bytes_per_uid,
                    ByteFlag("max_pool_bytes_per_uid",
                             absl::GetFlag(FLAGS_max_pool_bytes_per_uid)));
-  absl::StatusOr<v1::PoolAccess> access =
-      ParsePoolAccess(absl::GetFlag(FLAGS_pool_access));
-  if (!access.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--pool_access: ", access.status().message()));
-  }
-  o.limits.pool_access = *access;
-  access = ParsePoolAccess(absl::GetFlag(FLAGS_config_pool_access));
-  if (!access.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--config_pool_access: ", access.status().message()));
-  }
-  o.config_pool_access = *access;
+  ASSIGN_OR_RETURN(o.limits.pool_access,
+                   AccessFlag("pool_access", absl::GetFlag(FLAGS_pool_access)));
+  ASSIGN_OR_RETURN(o.config_pool_access,
+                   AccessFlag("config_pool_access",
+                              absl::GetFlag(FLAGS_config_pool_access)));
   ASSIGN_OR_RETURN(const gid_t shm_group,
                    ResolveGroup(absl::GetFlag(FLAGS_shm_group), "shm_group"));
   if (shm_group != static_cast<gid_t>(-1)) o.limits.shm_group = shm_group;

@@ -45,9 +45,6 @@ absl::Status RequestHandler::CheckServing() const {
 absl::StatusOr<v1::OpenSessionResponse> RequestHandler::OpenSession(
     const v1::OpenSessionRequest& request) {
   RETURN_IF_ERROR(CheckServing());
-  if (request.client_name().size() > 200) {
-    return absl::InvalidArgumentError("client_name is longer than 200 bytes");
-  }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Open(request.client_name(), request.pid()));
   spdlog::info("session {} opened: client='{}' pid={} (no session socket yet)",
@@ -73,9 +70,6 @@ absl::StatusOr<AttachedSession> RequestHandler::HandOutSignals(
 absl::StatusOr<AttachedSession> RequestHandler::OpenAttachedSession(
     const std::string& client_name, const PeerCredentials& peer) {
   RETURN_IF_ERROR(CheckServing());
-  if (client_name.size() > 200) {
-    return absl::InvalidArgumentError("client_name is longer than 200 bytes");
-  }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Open(client_name, peer.pid, peer));
   spdlog::info("session {} opened on the session socket: client='{}' pid={} "

@@ -52,6 +52,12 @@ absl::Status SessionRegistry::CheckIdFormat(const SessionId& id) const {
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     const std::string& client_name, uint32_t pid,
     std::optional<PeerCredentials> peer) {
+  // One check for both ways in (the RPC and the session socket).
+  constexpr size_t kMaxClientNameBytes = 200;
+  if (client_name.size() > kMaxClientNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client_name is longer than ", kMaxClientNameBytes, " bytes"));
+  }
   SessionId id = NewSessionId();
   OwnerTag tag;
   {

@@ -38,7 +38,8 @@ class SessionRegistry {
                   SessionLimits limits = {}, MemoryBudget* budget = nullptr);
 
   // Opens a session; with `peer`, it is attached to that peer from the start
-  // (opened over the session socket). ResourceExhausted, naming the limit,
+  // (opened over the session socket). InvalidArgument for a client_name
+  // longer than 200 bytes; ResourceExhausted, naming the limit,
   // when a limit is reached or the budget cannot hold its signal segment.
   absl::StatusOr<std::shared_ptr<Session>> Open(
       const std::string& client_name, uint32_t pid,
