@@ -292,6 +292,28 @@ absl::StatusOr<int> Client::FetchKvWord(uint64_t import_id) {
   return page.release();
 }
 
+absl::StatusOr<Client::PoolSegment> Client::FetchPoolSegment(
+    const std::string& pool) {
+  SessionMessage message = NewMessage(SessionMessageKind::kFetchPoolSegment);
+  if (pool.empty() || pool.size() >= sizeof(message.client_name)) {
+    return absl::InvalidArgumentError("a pool name of 1..64 characters");
+  }
+  std::memcpy(message.client_name, pool.data(), pool.size());
+  absl::MutexLock lock(&impl_->socket_mu);
+  if (impl_->session_socket.get() < 0) {
+    return absl::FailedPreconditionError(
+        "pool segments travel over the session socket: connect to a unix: "
+        "target");
+  }
+  ScopedFd fd;
+  ASSIGN_OR_RETURN(SessionReply reply,
+                   Exchange(impl_->session_socket.get(), message, -1, &fd));
+  if (fd.get() < 0) {
+    return absl::InternalError("the daemon's reply carried no descriptor");
+  }
+  return PoolSegment{fd.release(), reply.value == 1};
+}
+
 const std::string& Client::session_id() const { return impl_->session_id; }
 uint32_t Client::session_number() const { return impl_->session_number; }
 

@@ -1,6 +1,15 @@
 #include "server/host_pool.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 #include "proto/contract/status_macros.h"
 #include "server/pool_spec.h"
@@ -36,6 +45,23 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
   info.set_segment_name(segment_name);
   return std::unique_ptr<HostPool>(new HostPool(
       std::move(info), geometry, std::move(segment), std::move(reservation)));
+}
+
+absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {
+  const std::string& name = info_.segment_name();
+  ScopedFd fd(shm_open(name.c_str(),
+                       (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW, 0));
+  if (fd.get() < 0) {
+    return absl::InternalError(absl::StrCat("reopening pool segment ", name, ": ",
+                                            std::strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || st.st_uid != geteuid() ||
+      static_cast<uint64_t>(st.st_size) != segment_.size()) {
+    return absl::InternalError(absl::StrCat(
+        "pool segment ", name, " is no longer the pool's (owner or size changed)"));
+  }
+  return fd;
 }
 
 HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,

@@ -42,6 +42,10 @@ class HostPool {
   // The pool as the API describes it.
   const v1::Pool& info() const { return info_; }
   uint8_t* base() const { return segment_.data(); }
+  // A new descriptor of the pool's segment, read-write or read-only, for an
+  // engine to map (kFetchPoolSegment). Internal if the segment's name no
+  // longer leads to this pool's segment.
+  absl::StatusOr<ScopedFd> OpenSegment(bool writable) const;
   SlotAllocator& allocator() { return allocator_; }
   const SlotAllocator& allocator() const { return allocator_; }
 

@@ -168,6 +168,25 @@ absl::StatusOr<ScopedFd> RequestHandler::FetchKvWord(
   return import->gpu()->FetchKvWord();
 }
 
+absl::StatusOr<PoolSegmentFd> RequestHandler::FetchPoolSegment(
+    const SessionId& id, const PeerCredentials& sender, const std::string& pool_name) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
+  const std::optional<PeerCredentials> peer = session->peer();
+  if (!peer.has_value() || peer->uid != sender.uid) {
+    return absl::PermissionDeniedError(
+        "a pool segment goes only to the session's own peer");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(pool_name));
+  const Principal who = Principal::Of(*session);
+  RETURN_IF_ERROR(CheckPoolUse(pool_name, pool->owner(), who));
+  const bool writable = CheckPoolAdmin(pool_name, pool->owner(), who).ok();
+  ASSIGN_OR_RETURN(ScopedFd fd, pool->OpenSegment(writable));
+  spdlog::debug("session {}: {} descriptor of pool '{}' segment", session->tag(),
+                writable ? "read-write" : "read-only", pool_name);
+  return PoolSegmentFd{std::move(fd), writable};
+}
+
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
                                                  const char* reason) {
   session.MarkEnding();

@@ -59,6 +59,12 @@ struct AttachedSession {
   ScopedFd signal_fd;
 };
 
+// A descriptor of a pool's segment for an engine's zero-copy view.
+struct PoolSegmentFd {
+  ScopedFd fd;
+  bool writable = false;
+};
+
 // Thread-safe. Borrows its collaborators, which must outlive it.
 class RequestHandler {
  public:
@@ -137,6 +143,13 @@ class RequestHandler {
   absl::StatusOr<ScopedFd> FetchKvWord(const SessionId& id,
                                        const PeerCredentials& sender,
                                        uint64_t import_id);
+  // A descriptor of pool `pool`'s segment for the session's peer: read-write
+  // if the peer may administer the pool (CheckPoolAdmin), read-only if it
+  // may only use it. NotFound, PermissionDenied (not admitted, or `sender`
+  // is not the session's peer).
+  absl::StatusOr<PoolSegmentFd> FetchPoolSegment(const SessionId& id,
+                                                 const PeerCredentials& sender,
+                                                 const std::string& pool);
   // Ends session `id` as CloseSession does; `reason` ("disconnected", ...)
   // goes to the log and the metrics. NotFound if it already ended.
   absl::Status EndSession(const SessionId& id, const char* reason);

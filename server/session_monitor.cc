@@ -262,6 +262,18 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
     Reply(fd, ReplyFor(kind, page.status()), page.ok() ? page->get() : -1);
     return true;
   }
+  if (kind == SessionMessageKind::kFetchPoolSegment) {
+    char pool[sizeof(m.client_name) + 1] = {};
+    std::memcpy(pool, m.client_name, sizeof(m.client_name));
+    absl::StatusOr<PoolSegmentFd> segment =
+        c.session.empty()
+            ? absl::FailedPreconditionError("open or attach a session first")
+            : handler_->FetchPoolSegment(c.session, sender, pool);
+    SessionReply reply = ReplyFor(kind, segment.status());
+    if (segment.ok()) reply.value = segment->writable ? 1 : 0;
+    Reply(fd, reply, segment.ok() ? segment->fd.get() : -1);
+    return true;
+  }
   if (kind != SessionMessageKind::kOpen && kind != SessionMessageKind::kAttach) {
     Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(
                                  absl::StrCat("unknown record kind ", m.kind))));

@@ -9,6 +9,8 @@
 //                                               daemon: SessionReply {value}
 //   client -> daemon: SessionMessage {kFetchKvWord, import_id}
 //                                               daemon: SessionReply + memfd
+//   client -> daemon: SessionMessage {kFetchPoolSegment, client_name = pool}
+//                                               daemon: SessionReply {value} + fd
 // One session per connection; it ends when the connection closes.
 #ifndef HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
 #define HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
@@ -46,6 +48,14 @@ enum class SessionMessageKind : uint32_t {
   // cuStreamWriteValue64 (GpuSignals::AttachKvWord / MarkKvWritten).
   // Needs an attached session.
   kFetchKvWord = 4,
+  // Asks for a descriptor of the shared-memory segment of the pool named in
+  // `client_name` (the engine's zero-copy view of its host pages: SGLang's
+  // kv_buffer and get_page_buffer_meta). The reply's `value` is 1 when the
+  // descriptor is read-write (the peer may administer the pool: its owner's
+  // uid or root), 0 when read-only (any other session the pool admits).
+  // PermissionDenied for a pool the session may not use. Needs an attached
+  // session.
+  kFetchPoolSegment = 5,
 };
 
 struct SessionMessage {
@@ -54,14 +64,14 @@ struct SessionMessage {
   uint32_t kind;     // SessionMessageKind
   uint32_t pid;      // kOpen: informational (the kernel's word is used)
   uint8_t session_id[kSessionIdBytes];  // kAttach
-  char client_name[216];                // kOpen, NUL-terminated
+  char client_name[216];  // kOpen; kFetchPoolSegment: the pool; NUL-terminated
   uint64_t import_id;                   // kFetchKvWord
 };
 
 struct SessionReply {
   uint32_t code;  // absl::StatusCode; 0 = done
   uint32_t kind;  // the request's kind
-  uint64_t value;  // kPassFd: the handle
+  uint64_t value;  // kPassFd: the handle; kFetchPoolSegment: 1 = writable
   uint8_t session_id[kSessionIdBytes];  // kOpen
   uint32_t session_number;              // kOpen, kAttach
   uint32_t signal_slots;                // kOpen, kAttach (segment as an fd)

@@ -108,6 +108,38 @@ TEST(ImportsTest, KvWordIsFetchedOnlyForGpuSignalImports) {
   EXPECT_ERROR(NotFound, client->FetchKvWord(*import));
 }
 
+// kFetchPoolSegment for the pool's owner: a read-write descriptor of the
+// very pages the daemon serves (bytes written through it come back from
+// ReadPages); over a connection without a session it is refused.
+TEST(ImportsTest, OwnerMapsItsPoolSegmentReadWrite) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  auto client = std::move(Client::Connect(daemon.target(), "engine").value());
+  auto pool = client->CreatePool(Spec("p"));
+  ASSERT_OK(pool);
+  EXPECT_ERROR(NotFound, client->FetchPoolSegment("absent"));
+  EXPECT_ERROR(InvalidArgument, client->FetchPoolSegment(""));
+  auto segment = client->FetchPoolSegment("p");
+  ASSERT_OK(segment);
+  ScopedFd fd(segment->fd);
+  EXPECT_TRUE(segment->writable);
+  auto* base = static_cast<uint8_t*>(mmap(nullptr, pool->total_bytes(),
+                                          PROT_READ | PROT_WRITE, MAP_SHARED,
+                                          fd.get(), 0));
+  ASSERT_NE(MAP_FAILED, static_cast<void*>(base));
+  auto pages = client->Alloc("p", kPageSize);
+  ASSERT_OK(pages);
+  auto meta = client->GetPageBufferMeta("p", *pages);
+  ASSERT_OK(meta);
+  ASSERT_GT(meta->pieces_size(), 0);
+  const v1::BufferPiece& piece = meta->pieces(0);
+  for (uint64_t i = 0; i < piece.size(); ++i) base[piece.offset() + i] = 0x5a;
+  auto read = client->ReadPages("p", *pages);
+  ASSERT_OK(read);
+  EXPECT_EQ(std::string(piece.size(), '\x5a'), read->substr(0, piece.size()));
+  munmap(base, pool->total_bytes());
+}
+
 TEST(ImportsTest, OnlySealedMemfdsArePassed) {
   testing::DaemonProcess daemon;
   ASSERT_TRUE(daemon.started()) << daemon.log();

@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -174,6 +175,22 @@ int IdleConnections(const std::string& target, int n, int hold_ms) {
   return 0;
 }
 
+// Fetches pool `pool`'s segment and prints "writable=0|1"; exit 14 if a
+// read-write mapping's success disagrees with that flag.
+int FetchSegment(Client& client, const std::string& pool) {
+  auto segment = client.FetchPoolSegment(pool);
+  if (!segment.ok()) return Report(segment);
+  ScopedFd fd(segment->fd);
+  struct stat st {};
+  fstat(fd.get(), &st);
+  void* rw = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                  fd.get(), 0);
+  const bool mapped_rw = rw != MAP_FAILED;
+  if (mapped_rw) munmap(rw, st.st_size);
+  std::printf("writable=%d\n", segment->writable ? 1 : 0);
+  return mapped_rw == segment->writable ? 0 : 14;
+}
+
 int HandedFd() {
   SessionMessage m{};
   m.magic = kSessionMagic;
@@ -220,6 +237,7 @@ int Main(int argc, char** argv) {
   if (command == "register-shm") return RegisterShm(c, arg(3), arg(4));
   if (command == "write-free")
     return WriteFree(c, arg(3), std::strtoull(argv[4], nullptr, 10));
+  if (command == "fetch-segment") return FetchSegment(c, arg(3));
   if (command == "alloc-zeros")
     return AllocZeros(c, arg(3), std::strtoull(argv[4], nullptr, 10));
   return 2;

@@ -285,6 +285,22 @@ TEST_F(TenantsTest, PoolsBelongToTheirCreator) {
   EXPECT_EQ(1, stats->pools_size());  // "shared" only
 }
 
+// kFetchPoolSegment: the owner gets a read-write descriptor of its pool's
+// segment, a user the pool only admits a read-only one (the kernel refuses
+// a writable mapping of it), a user it does not admit none.
+TEST_F(TenantsTest, PoolSegmentsGoOutReadWriteOnlyToTheirOwner) {
+  std::string out;
+  ASSERT_EQ(0, Run(kAlice, {"create-pool", "mine"}, &out)) << out;
+  EXPECT_EQ(0, Run(kAlice, {"fetch-segment", "mine"}, &out)) << out;
+  EXPECT_NE(std::string::npos, out.find("writable=1")) << out;
+  EXPECT_EQ(0, Run(kBob, {"fetch-segment", "shared"}, &out)) << out;
+  EXPECT_NE(std::string::npos, out.find("writable=0")) << out;
+  EXPECT_EQ(kPermissionDenied, Run(kBob, {"fetch-segment", "mine"}, &out)) << out;
+  EXPECT_EQ(static_cast<int>(absl::StatusCode::kNotFound),
+            Run(kBob, {"fetch-segment", "absent"}, &out))
+      << out;
+}
+
 // A session flood by one uid stops at --max_sessions_per_uid (8) with
 // RESOURCE_EXHAUSTED; other users open sessions meanwhile, and so does the
 // same uid once the flood ends.

@@ -128,6 +128,18 @@ class Client {
   // without gpu_signals or over a TCP target.
   absl::StatusOr<int> FetchKvWord(uint64_t import_id);
 
+  // A descriptor of pool `pool`'s shared-memory segment (its host pages,
+  // laid out as Pool describes), fetched over the session socket: the
+  // caller owns `fd` and maps it (read-write only if `writable`). Writable
+  // for the pool's owner uid and root, read-only for other sessions the
+  // pool admits. PermissionDenied if the pool does not admit the session;
+  // NotFound; FailedPrecondition over a TCP target.
+  struct PoolSegment {
+    int fd = -1;
+    bool writable = false;
+  };
+  absl::StatusOr<PoolSegment> FetchPoolSegment(const std::string& pool);
+
   // Allocates num_tokens host slots (a multiple of the page size).
   absl::StatusOr<std::vector<PageRange>> Alloc(const std::string& pool,
                                                uint64_t num_tokens);
