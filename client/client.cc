@@ -393,8 +393,10 @@ absl::Status Client::Close() {
 }
 
 absl::StatusOr<v1::Pool> Client::CreatePool(const v1::PoolSpec& spec,
-                                            bool attach_if_exists) {
+                                            bool attach_if_exists,
+                                            bool delete_with_session) {
   v1::CreatePoolRequest request;
+  request.set_delete_with_session(delete_with_session);
   request.set_session_id(impl_->session_id);
   *request.mutable_spec() = spec;
   request.set_attach_if_exists(attach_if_exists);

@@ -187,6 +187,21 @@ absl::StatusOr<PoolSegmentFd> RequestHandler::FetchPoolSegment(
   return PoolSegmentFd{std::move(fd), writable};
 }
 
+void RequestHandler::DeletePoolsOf(const Session& session) {
+  for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+    if (pool->owner().delete_with_session() != session.tag()) continue;
+    const absl::Status deleted =
+        pools_->Delete(pool->name(), Principal::Of(session));
+    if (deleted.ok()) {
+      spdlog::info("pool '{}' deleted with its session {}", pool->name(),
+                   session.tag());
+    } else {
+      spdlog::warn("pool '{}' outlives its session {}: {}", pool->name(),
+                   session.tag(), std::string(deleted.message()));
+    }
+  }
+}
+
 v1::CloseSessionResponse RequestHandler::Release(Session& session,
                                                  const char* reason) {
   session.MarkEnding();
@@ -210,6 +225,7 @@ v1::CloseSessionResponse RequestHandler::Release(Session& session,
     pages += pool->allocator().FreeAllOwnedBy(session.tag());
   }
   response.set_pages_freed(pages);
+  DeletePoolsOf(session);
   spdlog::info("session {} ended ({}): client='{}' freed {} pages, closed {} "
                "imports, open for {}",
                session.tag(), reason, session.client_name(), pages,
@@ -224,9 +240,11 @@ absl::StatusOr<v1::Pool> RequestHandler::CreatePool(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
   const Principal who = Principal::Of(*session);
+  v1::PoolOwner owner = OwnerFor(who, limits_.pool_access);
+  if (request.delete_with_session()) owner.set_delete_with_session(session->tag());
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool,
                    pools_->Create(request.spec(), request.attach_if_exists(),
-                                  OwnerFor(who, limits_.pool_access), who));
+                                  owner, who));
   return pool->Describe();
 }
 

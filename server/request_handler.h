@@ -157,6 +157,9 @@ class RequestHandler {
   void ExpireIdleSessions(absl::Duration lease);
 
  private:
+  // Deletes the pools created with delete_with_session by `session` (which
+  // has freed its pages); one still used by others stays, with a warning.
+  void DeletePoolsOf(const Session& session);
   // Cancels the session's pending copies, waits for the running one, closes
   // its imports, frees its pages. The session is out of the registry.
   v1::CloseSessionResponse Release(Session& session, const char* reason);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
@@ -198,6 +199,49 @@ TEST(LifecycleTest, ClosingASessionFreesItsPages) {
   ASSERT_OK(stats);
   EXPECT_EQ(0u, stats->pools(0).used_pages());
   EXPECT_EQ(63u, stats->pools(0).free_pages());
+}
+
+// A pool created with delete_with_session goes with its creator's session;
+// one that another session still holds pages in stays (and can be deleted
+// by its owner later); attaching never marks a pool.
+TEST(LifecycleTest, PoolsCreatedWithTheirSessionAreDeletedWithIt) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  auto observer = Client::Connect(daemon.target(), "observer").value();
+  v1::PoolSpec spec;
+  spec.set_name("private");
+  spec.mutable_geometry()->mutable_mha()->set_num_layers(2);
+  spec.mutable_geometry()->mutable_mha()->set_num_kv_heads(1);
+  spec.mutable_geometry()->mutable_mha()->set_head_dim(8);
+  spec.mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+  spec.set_page_size(16);
+  spec.set_layout(v1::LAYOUT_LAYER_FIRST);
+  spec.set_capacity_tokens(64);
+  std::vector<PageRange> pages;
+  {
+    auto engine = Client::Connect(daemon.target(), "engine").value();
+    auto pool = engine->CreatePool(spec, true, /*delete_with_session=*/true);
+    ASSERT_OK(pool);
+    EXPECT_EQ(engine->session_number(), pool->owner().delete_with_session());
+    // An attach by another session leaves the mark as it is.
+    auto attached = observer->CreatePool(spec, true, true);
+    ASSERT_OK(attached);
+    EXPECT_EQ(engine->session_number(), attached->owner().delete_with_session());
+    ASSERT_OK(engine->Alloc("private", 16));
+  }
+  EXPECT_ERROR(NotFound, observer->GetPool("private"));
+  {
+    auto engine = Client::Connect(daemon.target(), "engine").value();
+    ASSERT_OK(engine->CreatePool(spec, true, true));
+    auto held = observer->Alloc("private", 16);
+    ASSERT_OK(held);
+    pages = *held;
+  }
+  // The observer's pages keep it.
+  auto kept = observer->GetPool("private");
+  ASSERT_OK(kept);
+  EXPECT_OK(observer->Free("private", pages));
+  EXPECT_OK(observer->DeletePool("private"));
 }
 
 TEST(LifecycleTest, OnDaemonLostRunsWhenTheDaemonDiesNotOnClose) {

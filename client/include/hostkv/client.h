@@ -93,9 +93,12 @@ class Client {
   uint32_t session_number() const;
 
   // Creates a pool; with attach_if_exists, an existing pool with the same
-  // spec is returned instead of AlreadyExists.
+  // spec is returned instead of AlreadyExists. With delete_with_session a
+  // pool this call creates is deleted when this session ends (if no other
+  // session holds pages or buffers in it then).
   absl::StatusOr<v1::Pool> CreatePool(const v1::PoolSpec& spec,
-                                      bool attach_if_exists = true);
+                                      bool attach_if_exists = true,
+                                      bool delete_with_session = false);
   absl::StatusOr<v1::Pool> GetPool(const std::string& name);
   absl::StatusOr<std::vector<v1::Pool>> ListPools();
   absl::Status DeletePool(const std::string& name);
