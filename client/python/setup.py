@@ -22,6 +22,10 @@ class BuildWithStubs(build_py):
         if not os.path.exists(proto):
             raise RuntimeError(f"hostkv.proto not found at {proto} (set HOSTKV_PROTO)")
         gen_stubs.generate(proto, os.path.join(self.build_lib, "hostkv", "_proto"))
+        # Installed next to the package, in site-packages: SGLANG_HOSTKV=1
+        # then patches SGLang at interpreter start (hostkv/sglang/patch.py).
+        self.copy_file(os.path.join(HERE, "hostkv-sglang.pth"),
+                       os.path.join(self.build_lib, "hostkv-sglang.pth"))
 
 
 setup(cmdclass={"build_py": BuildWithStubs})

@@ -13,14 +13,17 @@ when this process dies: on a unix: target the session lives as long as its
 session socket). Thread-safe: gRPC stubs are, and session-socket exchanges
 are serialized by a lock.
 """
+import atexit
 import dataclasses
 import os
 import stat
+import sys
 import threading
+import weakref
 
 import grpc
 
-from . import _session_socket, _signals, errors
+from . import _session_socket, _signals, errors, pool_mapping
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
 
@@ -40,6 +43,21 @@ class Operation:
     bytes: int = 0
     # CUDA imports with GPU signals: each layer's signal word takes this value.
     signal_value: int = 0
+
+
+# Clients still open at interpreter exit are closed while threads still run
+# (grpc's channel close waits for its own threads; from __del__ during
+# interpreter teardown it would wait forever).
+_open_clients = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients():
+    for c in list(_open_clients):
+        try:
+            c.close()
+        except Exception:  # pylint: disable=broad-except
+            pass
 
 
 def _runs(pages, message):
@@ -102,6 +120,7 @@ class Client:
                 f"cannot reach hostkvd at {target} (is it running? is the socket path "
                 "right?)") from None
         self._stub = pb_grpc.HostKVStub(self._channel)
+        _open_clients.add(self)
         try:
             if unix_socket:
                 self._open_over_session_socket(target[5:], name)
@@ -199,7 +218,10 @@ class Client:
         self.close()
 
     def __del__(self):
-        # Like ~Client; an interpreter shutting down may have torn grpc down.
+        # Like ~Client. During interpreter teardown nothing is closed: the
+        # process's exit closes the session socket, which ends the session.
+        if sys.is_finalizing():
+            return
         try:
             self.close()
         except Exception:  # pylint: disable=broad-except
@@ -215,16 +237,50 @@ class Client:
         except ValueError:  # the channel closed under this call
             raise errors.FailedPrecondition("the client is closed") from None
 
+    @property
+    def has_session_socket(self):
+        """True on a unix: target (descriptors and pool mappings travel)."""
+        return self._socket is not None
+
     # -- pools -----------------------------------------------------------
 
-    def create_pool(self, spec, attach_if_exists=True):
+    def create_pool(self, spec, attach_if_exists=True, delete_with_session=False):
         """Creates a pool (hostkv_pb2.PoolSpec); returns the Pool.
 
         With attach_if_exists an existing pool of the same spec is returned
-        instead of AlreadyExists.
+        instead of AlreadyExists. With delete_with_session a pool this call
+        creates is deleted when the session ends (close, or this process's
+        death), unless another session still holds pages or buffers in it.
         """
         return self._call(self._stub.CreatePool, pb.CreatePoolRequest(
-            spec=spec, attach_if_exists=attach_if_exists, session_id=self.session_id))
+            spec=spec, attach_if_exists=attach_if_exists, session_id=self.session_id,
+            delete_with_session=delete_with_session))
+
+    def map_pool(self, pool):
+        """Maps pool `pool`'s segment into this process (a PoolMapping of
+        its host pages, zero-copy), through a descriptor fetched over the
+        session socket: read-write for the pool's owner uid (and root),
+        read-only for other users the pool admits.
+
+        PermissionDenied, NotFound; FailedPrecondition over TCP.
+        """
+        name = pool.encode("utf-8")
+        if not name or len(name) >= _session_socket.CLIENT_NAME_BYTES:
+            raise errors.InvalidArgument("a pool name of 1..64 characters")
+        info = self.get_pool(pool)
+        with self._lock:
+            if self._socket is None:
+                raise errors.FailedPrecondition(
+                    "pool segments travel over the session socket: connect to a unix: target")
+            reply = _session_socket.exchange(
+                self._socket, _session_socket.message(
+                    _session_socket.KIND_FETCH_POOL_SEGMENT, client_name=name))
+        if reply.fd < 0:
+            raise errors.Internal("the daemon's reply carried no descriptor")
+        try:
+            return pool_mapping.PoolMapping(reply.fd, info, writable=reply.value == 1)
+        finally:
+            os.close(reply.fd)
 
     def get_pool(self, name):
         """Returns the Pool; NotFound if none has this name."""

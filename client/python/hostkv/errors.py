@@ -33,7 +33,7 @@ class Unknown(HostKVError):
     code = 2
 
 
-class InvalidArgument(HostKVError):
+class InvalidArgument(HostKVError, ValueError):
     code = 3
 
 
@@ -65,7 +65,7 @@ class Aborted(HostKVError):
     code = 10
 
 
-class OutOfRange(HostKVError):
+class OutOfRange(HostKVError, IndexError):
     code = 11
 
 
