@@ -13,6 +13,9 @@
 #   lib/      every shared library they load except the NVIDIA driver's
 #             (libcuda.so.1, libnvidia-*), glibc's compatibility stubs the
 #             driver may load, and the dynamic loader ld-linux-x86-64.so.2
+#   python/   the pure-Python client (client/python/hostkv, with its
+#             generated _proto stubs) and tests/gpu/torch_e2e*.py, which the
+#             machine's own python3 runs (torch 2.x with CUDA there)
 #   tests.txt the GPU test binaries, one a line; MANIFEST (commit, sizes)
 #   run.sh    tests/gpu/bundle_run.sh: runs it all on the GPU machine
 # Every binary runs as DIR/lib/ld-linux-x86-64.so.2 --library-path DIR/lib
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --from-build) from_build=$2; shift 2 ;;
     --check) check=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     -*) echo "bundle.sh: unknown flag $1" >&2; exit 2 ;;
     *) dir=$1; shift ;;
   esac
@@ -122,6 +125,26 @@ for stub in libdl.so.2 libpthread.so.0 librt.so.1 libm.so.6 libutil.so.1; do
 done
 chmod u+w "$dir"/lib/*
 
+# The Python client and the torch CUDA check. The stubs are generated here
+# (gen_stubs.py, as CMake does: Debian's protoc 3.21); the build's copies
+# when that cannot run. Without either the bundle has no python/ and run.sh
+# skips that phase.
+mkdir -p "$dir/python"
+cp -r "$root/client/python/hostkv" "$dir/python/hostkv"
+find "$dir/python" -name __pycache__ -prune -exec rm -rf {} +
+stubs=$dir/python/hostkv/_proto
+if ! /usr/bin/python3 "$root/client/python/gen_stubs.py" "$root/proto/hostkv/v1/hostkv.proto" \
+    "$stubs" > "$dir/stubs.log" 2>&1 \
+    && ! cp "$build/client/python/hostkv_proto/hostkv_pb2.py" \
+      "$build/client/python/hostkv_proto/hostkv_pb2_grpc.py" "$stubs/" 2> /dev/null; then
+  echo "bundle.sh: warning: no Python stubs (gen_stubs.py: $(tail -n 1 "$dir/stubs.log")):" \
+    "the bundle carries no Python client" >&2
+  rm -rf "$dir/python"
+else
+  cp "$root/tests/gpu/torch_e2e.py" "$root/tests/gpu/torch_e2e_engines.py" "$dir/python/"
+fi
+rm -f "$dir/stubs.log"
+
 cp "$root/tests/gpu/bundle_run.sh" "$dir/run.sh"
 chmod +x "$dir/run.sh"
 bytes=$(du -sb "$dir" | awk '{print $1}')
@@ -131,7 +154,7 @@ bytes=$(du -sb "$dir" | awk '{print $1}')
   echo "built: $(date -u +%FT%TZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -n 1)"
   echo "from: $build"
   echo "size: $((bytes / 1024 / 1024)) MiB ($bytes bytes)"
-  (cd "$dir" && du -b bin/* lib/* | sort -k2)
+  (cd "$dir" && du -b bin/* lib/* | sort -k2; [ ! -d python ] || du -sb python)
 } > "$dir/MANIFEST"
 echo "bundle.sh: wrote $dir: $((bytes / 1024 / 1024)) MiB ($(ls "$dir/bin" | wc -l) binaries, $(ls "$dir/lib" | wc -l) libraries); build $((built - started)) s, packaging $(($(date +%s) - built)) s"
 if [ "$bytes" -gt $((64 * 1024 * 1024)) ]; then

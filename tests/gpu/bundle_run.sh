@@ -4,23 +4,29 @@
 # coreutils, tar and the NVIDIA driver: every binary runs through the
 # bundle's own loader and libraries.
 #
-#   run.sh           on a GPU machine: every GPU test binary, then the signal
-#                    benchmark and the GPU benchmark; at most 6 minutes on an
-#                    H200 (each phase under timeout, all under one deadline).
-#                    Without a GPU: one line, exit 3.
+#   run.sh           on a GPU machine: every GPU test binary, the torch CUDA
+#                    check (python/torch_e2e.py, by the machine's python3),
+#                    then the signal benchmark and the GPU benchmark; at most
+#                    6 minutes on an H200 (each phase under timeout, all under
+#                    one deadline). Without a GPU: one line, exit 3.
 #   run.sh --check   on any machine: every binary's libraries resolve inside
 #                    lib/ (the driver's may be missing) and every binary
-#                    starts, in an empty environment (env -i). Exit 0 if so.
+#                    starts, in an empty environment (env -i); where python3
+#                    has grpcio and protobuf, the bundled hostkv package
+#                    imports and torch_e2e.py starts (in python3's own
+#                    environment). Exit 0 if so.
 #
 # Results go to $OUT (default ./gpu-results), at most 4 files:
 #   summary.txt  the machine, tests passed/failed/skipped per binary, the
 #                benchmark tables, the phases' times (also printed last)
 #   gpu_bench.json, gpu_bench.md   the GPU benchmark's results
 #   logs.tar.gz  everything else: gtest logs and XML, hostkvd logs, the
-#                signal benchmark's results, machine.txt
+#                torch check's log, the signal benchmark's results, machine.txt
 # Exit status: 3 without a GPU; 1 when a test failed, timed out or was
-# skipped (a skip on a GPU machine counts as a failure); else the GPU
-# benchmark's exit status.
+# skipped (a skip on a GPU machine counts as a failure) or the torch check
+# failed (its skip, where python3, torch CUDA, grpcio or protobuf is
+# missing, does not count);
+# else the GPU benchmark's exit status.
 set -uo pipefail
 export PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}
 bundle=$(cd "$(dirname "$0")" && pwd)
@@ -72,6 +78,42 @@ check_starts() {
   fi
 }
 
+# The bundled Python client, where this machine's python3 has what it
+# needs (grpcio, protobuf): it imports, and torch_e2e.py starts and stops at
+# once (skipped: exit 3; with torch CUDA, no HOSTKVD_BINARY: exit 2).
+check_python() {
+  local py=$bundle/python f output rc
+  local pypath=$py${PYTHONPATH:+:$PYTHONPATH}
+  [ -d "$py" ] || { echo "note: no python/ in this bundle: the torch check is left out"; return 0; }
+  for f in hostkv/__init__.py hostkv/cuda.py hostkv/_proto/hostkv_pb2.py \
+      hostkv/_proto/hostkv_pb2_grpc.py torch_e2e.py torch_e2e_engines.py; do
+    [ -f "$py/$f" ] || { echo "FAIL: python/$f is missing"; return 1; }
+  done
+  if ! command -v python3 > /dev/null \
+      || ! python3 -c "import grpc, google.protobuf" > /dev/null 2>&1; then
+    echo "note: this machine's python3 lacks grpcio or protobuf: python/ not started"
+    return 0
+  fi
+  # The machine's own python3 in its own environment (it never runs through
+  # our loader, so env -i would prove nothing and could hide its packages).
+  output=$(env PYTHONPATH="$pypath" PYTHONDONTWRITEBYTECODE=1 timeout 60 \
+    python3 -c "import hostkv, hostkv.cuda, hostkv.torch; print('hostkv', hostkv.pb.DESCRIPTOR.package)" 2>&1)
+  if [ "$output" != "hostkv hostkv.v1" ]; then
+    echo "FAIL: the bundled hostkv package does not import:"
+    tail -n 5 <<< "$output" | sed 's/^/    /'
+    return 1
+  fi
+  output=$(env -u HOSTKVD_BINARY PYTHONPATH="$pypath" PYTHONDONTWRITEBYTECODE=1 timeout 60 \
+    python3 "$py/torch_e2e.py" 2>&1)
+  rc=$?
+  if { [ "$rc" -ne 3 ] || ! grep -q "^torch_e2e: SKIPPED: " <<< "$output"; } \
+      && { [ "$rc" -ne 2 ] || ! grep -q "^torch_e2e: usage" <<< "$output"; }; then
+    echo "FAIL: python/torch_e2e.py: exit $rc (want 3, skipped, or 2, usage), output:"
+    head -n 5 <<< "$output" | sed 's/^/    /'
+    return 1
+  fi
+}
+
 run_check() {
   local failed=0 bin lib t
   [ -x "$loader" ] || { echo "FAIL: no loader at $loader"; return 1; }
@@ -92,6 +134,7 @@ run_check() {
     if [ ! -f "$bundle/bin/$t" ]; then echo "FAIL: $t is in tests.txt, not in bin/"; failed=1; continue; fi
     check_starts "$bundle/bin/$t" 0 '^[A-Za-z0-9_/]+\.$' --gtest_list_tests || failed=1
   done < "$bundle/tests.txt"
+  check_python || failed=1
   if [ "$failed" -eq 0 ]; then
     echo "bundle check passed: $(ls "$bundle/bin" | wc -l) binaries and $(ls "$bundle/lib" | wc -l) libraries of $bundle resolve inside it and start under env -i"
   else
@@ -168,6 +211,12 @@ ls -d /dev/shm/hostkv* 2>/dev/null | sort > "$work/shm-before"
 # afterwards, so no daemon outlives its phase. Sets phase_rc.
 current=""
 run_phase() {
+  local name=$1 limit=$2
+  shift 2
+  run_limited "$name" "$limit" "$loader" --library-path "$libpath" "$@"
+}
+# The same for a command of the machine's own (not through our loader).
+run_limited() {
   local name=$1 limit=$2 left
   shift 2
   left=$((deadline - $(date +%s)))
@@ -178,8 +227,7 @@ run_phase() {
     return
   fi
   phase "$name (limit ${limit}s)"
-  timeout -k 10 "$limit" "$loader" --library-path "$libpath" "$@" \
-    > "$logs/$name.log" 2>&1 < /dev/null &
+  timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1 < /dev/null &
   current=$!
   wait "$current"
   phase_rc=$?
@@ -217,6 +265,8 @@ gtest_counts() {
 
 declare -A test_result
 tests_failed=0
+torch_rc="not run"
+torch_line=""
 signal_rc="not run"
 bench_rc="not run"
 write_summary() {
@@ -233,6 +283,9 @@ write_summary() {
     # Why tests skipped, and what they report, from the test logs only.
     sed 's@.*@'"$logs"'/&.log@' "$bundle/tests.txt" | xargs -r grep -h -m 1 "cudaGetDeviceCount" 2>/dev/null | head -n 1
     sed 's@.*@'"$logs"'/&.log@' "$bundle/tests.txt" | xargs -r grep -h "^\[   INFO   \]" 2>/dev/null
+    echo
+    echo "== torch CUDA end to end (python3 torch_e2e.py): exit code $torch_rc"
+    [ -n "$torch_line" ] && echo "$torch_line"
     echo
     echo "== signal latency (hostkv_signal_bench): exit code $signal_rc"
     [ -s "$work/bench/signal_bench.md" ] && cat "$work/bench/signal_bench.md"
@@ -267,6 +320,30 @@ while read -r t; do
   write_summary
   pack
 done < "$bundle/tests.txt"
+
+# The torch check: the machine's python3 and torch with the bundled hostkv
+# package; hostkvd through our loader (HOSTKVD_LOADER). Its own deadline is
+# 55 s. A skip (exit 3: no python3, torch CUDA, grpcio or protobuf) is
+# reported, not failed.
+if [ ! -f "$bundle/python/torch_e2e.py" ]; then
+  torch_line="not in this bundle (bundle.sh found no Python stubs)"
+elif ! command -v python3 > /dev/null; then
+  torch_rc=3
+  torch_line="torch_e2e: SKIPPED: no python3 on this machine"
+else
+  run_limited torch_e2e 60 env PYTHONPATH="$bundle/python${PYTHONPATH:+:$PYTHONPATH}" \
+    PYTHONDONTWRITEBYTECODE=1 \
+    python3 "$bundle/python/torch_e2e.py"
+  torch_rc=$phase_rc
+  # The verdict, after what the engines said went wrong.
+  torch_line=$(grep -E "^torch_e2e( [AB])?: " "$logs/torch_e2e.log" 2>/dev/null \
+    | grep -E "^torch_e2e: |FAIL|MISMATCH" | tail -n 6)
+  [ -n "$torch_line" ] || torch_line=$(tail -n 3 "$logs/torch_e2e.log" 2>/dev/null)
+  [ "$torch_rc" = 0 ] || [ "$torch_rc" = 3 ] || tests_failed=1
+fi
+cleanup_shm
+write_summary
+pack
 
 run_phase signal_bench 30 "$bundle/bin/hostkv_signal_bench" --out "$work/bench"
 signal_rc=$phase_rc

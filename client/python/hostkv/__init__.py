@@ -7,7 +7,8 @@
                              capacity_tokens=1 << 20))
 
 hostkv.pb is the generated hostkv.v1 message module (PoolSpec, Layout, ...);
-hostkv.shm and hostkv.torch hold the device-buffer helpers.
+hostkv.shm and hostkv.torch hold the device-buffer helpers; hostkv.cuda
+exports CUDA tensors and waits for layers on CUDA streams (GpuSignals).
 """
 from . import errors
 from ._proto import hostkv_pb2 as pb

@@ -300,7 +300,9 @@ class Client:
         """Registers per-layer device buffers k[l], v[l] (v empty for MLA).
 
         Entries are hostkv_pb2.DeviceBuffer (hostkv.shm.describe_passed,
-        describe_shm, describe_cuda make them). Returns the import id.
+        describe_shm, describe_cuda, hostkv.torch.device_buffers_for and
+        hostkv.cuda.export_cuda make them); gpu_signals is a DeviceBuffer
+        too (hostkv.cuda.GpuSignals.buffer). Returns the import id.
         """
         request = pb.RegisterDeviceBuffersRequest(
             session_id=self.session_id, pool=pool, token_slots=token_slots,
@@ -331,6 +333,26 @@ class Client:
         if reply.fd >= 0:
             os.close(reply.fd)
         return reply.value
+
+    def fetch_kv_word(self, import_id):
+        """Fetches over the session socket the memfd of the "KV written" page
+        of CUDA import `import_id` (registered with gpu_signals); the caller
+        owns the returned descriptor. hostkv.cuda.GpuSignals.attach_kv_word
+        does this for you.
+
+        NotFound for an unknown import; FailedPrecondition for an import
+        without gpu_signals or over TCP.
+        """
+        with self._lock:
+            if self._socket is None:
+                raise errors.FailedPrecondition(
+                    "the KV-written page travels over the session socket: connect to a "
+                    "unix: target")
+            reply = _session_socket.exchange(self._socket, _session_socket.message(
+                _session_socket.KIND_FETCH_KV_WORD, import_id=import_id))
+        if reply.fd < 0:
+            raise errors.Internal("the daemon's reply carried no descriptor")
+        return reply.fd
 
     # -- host pages ------------------------------------------------------
 

@@ -4,12 +4,15 @@
     k, v = hostkv.torch.device_buffers_for(client, list(kv[0]), list(kv[1]))
     import_id = client.register_device_buffers(pool, slots, k, v)
 
+device_buffers_for takes CUDA tensors too (for hostkvd --cuda; see
+hostkv.cuda, which also has the GPU completion words).
+
 torch is imported when first needed, so `import hostkv` works without it.
 """
 import importlib
 import weakref
 
-from . import errors, shm
+from . import _cuda_export, errors, shm
 
 # Live SealedBuffers behind shm_tensor()s, to find the one a view lies in.
 _buffers = weakref.WeakSet()
@@ -50,10 +53,14 @@ def _buffer_of(tensor):
 
 
 def describe(client, tensor):
-    """The registration entry of `tensor` (contiguous, inside a shm_tensor):
-    its buffer is passed to the daemon once per session."""
+    """The registration entry of `tensor`, contiguous: a CPU tensor inside a
+    shm_tensor (its buffer is passed to the daemon once per session), or a
+    CUDA tensor (hostkv.cuda.export_cuda; `client` is not used)."""
+    if device_of(tensor) == "cuda":
+        return _cuda_export.export_cuda(tensor)
     if device_of(tensor) != "cpu":
-        raise errors.InvalidArgument("CUDA tensors: not in this version of hostkv.torch")
+        raise errors.InvalidArgument(
+            f"a device buffer is a CPU (shm_tensor) or CUDA tensor, not {device_of(tensor)}")
     if not tensor.is_contiguous():
         raise errors.InvalidArgument("a device buffer must be contiguous")
     buffer = _buffer_of(tensor)
@@ -71,7 +78,8 @@ def device_of(tensor):
 
 def device_buffers_for(client, k_layers, v_layers=()):
     """The (k, v) entry lists of a layer-first KV buffer set: per layer a
-    tensor of token_slots rows (MHA K and V; MLA the latent in k_layers).
+    tensor of token_slots rows (MHA K and V; MLA the latent in k_layers),
+    shm_tensor views or CUDA tensors.
 
     Feed them to client.register_device_buffers(pool, token_slots, k, v).
     """
