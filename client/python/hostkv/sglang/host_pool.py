@@ -93,7 +93,8 @@ class RemoteHostKVCache:
         self.token_stride_size = self.size_per_token // self.layer_num // self._planes
         self.layout_dim = self.token_stride_size * self.layer_num
         self.lock = threading.RLock()
-        self._load = None  # the all-layer load in progress: [key, op, next layer]
+        # Per thread, the all-layer load in progress: [key, op, next layer].
+        self._loads = threading.local()
 
         private = pool_name is None
         self.pool_name = pool_name or f"sglang-{self.kind}-{os.getpid()}-{next(_private_pools)}"
@@ -142,7 +143,7 @@ class RemoteHostKVCache:
         self._device_slots = int(k[0].shape[0])
         entries_k = [hostkv_torch.describe(self.client, t) for t in k]
         entries_v = [hostkv_torch.describe(self.client, t) for t in v]
-        self._sync = sync_for(self.client, k[0])
+        self._sync = sync_for(self.client, k[0], self.layer_num)
         self.import_id = self.client.register_device_buffers(
             self.pool_name, self._device_slots, entries_k, entries_v,
             gpu_signals=self._sync.gpu_signals())
@@ -235,7 +236,7 @@ class RemoteHostKVCache:
             raise errors.InvalidArgument(
                 f"layer_id {layer_id} outside [0, {self.layer_num})")
         key = (id(host_indices), id(device_indices))
-        pending = self._load
+        pending = getattr(self._loads, "pending", None)
         if pending is None or pending[0] != key or layer_id < pending[2]:
             host_runs, device_runs = self._runs(device_pool, host_indices, device_indices)
             if not host_runs:
@@ -244,11 +245,11 @@ class RemoteHostKVCache:
                                   layer_begin=layer_id, layer_end=self.layer_num,
                                   mechanism=mechanism)
             pending = [key, op, layer_id]
-            self._load = pending
+            self._loads.pending = pending
         self._sync.wait_layer(pending[1], layer_id)
         pending[2] = layer_id + 1
         if pending[2] >= self.layer_num:
-            self._load = None
+            self._loads.pending = None
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
                                      io_backend):

@@ -26,9 +26,9 @@ class HostWaits:
         self._client.wait(op)
 
 
-def sync_for(client, device_tensor):
+def sync_for(client, device_tensor, num_layers):
     """The waits for device buffers like `device_tensor`."""
     if device_tensor.device.type == "cuda":
         from .cuda_waits import StreamWaits  # pylint: disable=import-outside-toplevel
-        return StreamWaits(client, device_tensor.device.index or 0)
+        return StreamWaits(client, device_tensor.device.index or 0, num_layers)
     return HostWaits(client)
