@@ -2,7 +2,8 @@
 # Sets up hostkv on a fresh Debian 12 machine and runs the daemon on its
 # defaults: installs the packages, builds hostkvd and the hostkv CLI, starts
 # hostkvd on unix:/run/hostkv/hostkvd.sock, runs the demo (KV pages backed
-# up, cleared, loaded back and verified byte for byte), shows the occupancy,
+# up, cleared, loaded back and verified byte for byte; then the same through
+# SGLang's host-pool class, hostkv.sglang, from Python), shows the occupancy,
 # and leaves the daemon running in the foreground (Ctrl-C stops it).
 #   HOSTKV_SOCKET=/tmp/hostkv/hostkvd.sock ./deploy/quickstart.sh   # no root
 set -euo pipefail
@@ -20,6 +21,10 @@ trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON' EXIT INT TERM
 for _ in $(seq 100); do [ -S "$SOCKET" ] && break; sleep 0.1; done
 echo; echo "== hostkv demo =="
 $SUDO ./build-release/client/hostkv --target="unix:$SOCKET" demo
+echo; echo "== SGLang's host pool on hostkvd (Python: hostkv.sglang) =="
+[ -x build-release/venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages build-release/venv
+build-release/venv/bin/pip install -q --no-deps --no-build-isolation ./client/python
+$SUDO build-release/venv/bin/python client/python/examples/sglang_cpu_demo.py "unix:$SOCKET"
 echo; echo "== hostkv stats =="
 $SUDO ./build-release/client/hostkv --target="unix:$SOCKET" stats
 echo
