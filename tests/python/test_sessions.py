@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -71,6 +72,10 @@ def test_tcp_with_token_renews_its_lease(tcp_daemon):
         assert c.read_pages("tcp", pages) == data
         with pytest.raises(errors.FailedPrecondition):
             c.pass_descriptor(0)  # no session socket over TCP
+        with pytest.raises(errors.FailedPrecondition):
+            c.on_daemon_lost(print)
+        with pytest.raises(errors.FailedPrecondition):
+            c.map_pool("tcp")
         c.free("tcp", pages)
         c.delete_pool("tcp")
 
@@ -94,3 +99,22 @@ def test_close_frees_and_is_idempotent(daemon, client):
         other.alloc("closing", 4)
     assert used_pages(client, "closing") == 0
     client.delete_pool("closing")
+
+
+def test_on_daemon_lost_runs_when_the_daemon_dies_not_on_close():
+    d = Daemon()
+    try:
+        closed_calls, lost_calls = [], threading.Event()
+        with hostkv.Client(d.target, "closing") as c:
+            c.on_daemon_lost(lambda: closed_calls.append(1))
+        watched = hostkv.Client(d.target, "watched")
+        watched.on_daemon_lost(lost_calls.set)
+        d.process.kill()
+        d.process.wait()
+        assert lost_calls.wait(30)
+        assert closed_calls == []
+        with pytest.raises(hostkv.errors.HostKVError):
+            watched.close()  # the daemon is gone: its CloseSession fails
+    finally:
+        d.stop()
+

@@ -15,7 +15,9 @@ are serialized by a lock.
 """
 import atexit
 import dataclasses
+import logging
 import os
+import select
 import stat
 import sys
 import threading
@@ -91,6 +93,9 @@ class Client:
         self._signals = None
         self._stop_renewing = threading.Event()
         self._renewer = None
+        self._on_lost = []
+        self._watcher = None
+        self._watch_wake = None  # (read fd, write fd) of the watcher's pipe
         self._channel = None
         self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
         self.session_id = b""
@@ -187,6 +192,59 @@ class Client:
             except errors.HostKVError:
                 pass  # the next period tries again; the lease says how long
 
+    def on_daemon_lost(self, fn):
+        """Calls `fn()` once, on a thread of the client's, if the session
+        socket hangs up while the session is open: the daemon died or ended
+        the session. An engine with GPU signals passes
+        GpuSignals.release_all, since no word its streams wait on would move
+        again. Not called for close(). Callbacks added later join the same
+        watch. FailedPrecondition over TCP (no session socket).
+        """
+        with self._lock:
+            if self._socket is None:
+                raise errors.FailedPrecondition(
+                    "on_daemon_lost needs the session socket: connect to a unix: target")
+            self._on_lost.append(fn)
+            if self._watcher is not None:
+                return
+            self._watch_wake = os.pipe2(os.O_CLOEXEC)
+            self._watcher = threading.Thread(
+                target=self._watch, args=(self._socket.fileno(), self._watch_wake[0]),
+                name="hostkv-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self, session_fd, wake_fd):
+        # Hang-up only (POLLRDHUP, not POLLIN): replies are left to the
+        # exchange that waits for them.
+        poller = select.poll()
+        poller.register(session_fd, select.POLLRDHUP)
+        poller.register(wake_fd, select.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if wake_fd in events:
+                return  # close()
+            if events.get(session_fd, 0) & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+                break
+        with self._lock:
+            lost = self._open
+            callbacks = list(self._on_lost)
+        if lost:
+            for fn in callbacks:
+                try:
+                    fn()
+                except Exception:  # pylint: disable=broad-except
+                    logging.getLogger("hostkv").exception("an on_daemon_lost callback failed")
+
+    def _stop_watching(self):
+        if self._watcher is None:
+            return
+        os.write(self._watch_wake[1], b"x")
+        if self._watcher is not threading.current_thread():
+            self._watcher.join()
+        for fd in self._watch_wake:
+            os.close(fd)
+        self._watcher = None
+
     def close(self):
         """Closes the session: the daemon frees its pages and imports. Idempotent."""
         self._stop_renewing.set()
@@ -194,6 +252,7 @@ class Client:
             self._renewer.join()
         with self._lock:
             was_open, self._open = self._open, False
+        self._stop_watching()
         error = None
         if was_open:
             try:

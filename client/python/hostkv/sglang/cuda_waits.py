@@ -9,6 +9,9 @@ class StreamWaits:
     def __init__(self, client, device_index, num_layers):
         self._client = client
         self._signals = cuda.GpuSignals(num_layers, device=device_index)
+        if client.has_session_socket:
+            # A dead daemon moves no signal word again: let the streams go.
+            client.on_daemon_lost(self._signals.release_all)
 
     def gpu_signals(self):
         return self._signals.buffer

@@ -1,0 +1,21 @@
+"""The examples README shows run as shown and verify their bytes."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client",
+                        "python", "examples")
+
+
+def test_sglang_cpu_demo(daemon):
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "sglang_cpu_demo.py"),
+                          daemon.target], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "OK"
+    assert sum("bytes match" in line for line in lines) == 5  # 4 layers + the page view
+    assert not any("MISMATCH" in line for line in lines)
