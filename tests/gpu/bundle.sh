@@ -131,6 +131,7 @@ chmod u+w "$dir"/lib/*
 # skips that phase.
 mkdir -p "$dir/python"
 cp -r "$root/client/python/hostkv" "$dir/python/hostkv"
+cp "$root/client/python/hostkv_sglang_hook.py" "$dir/python/"
 find "$dir/python" -name __pycache__ -prune -exec rm -rf {} +
 stubs=$dir/python/hostkv/_proto
 if ! /usr/bin/python3 "$root/client/python/gen_stubs.py" "$root/proto/hostkv/v1/hostkv.proto" \
@@ -141,7 +142,8 @@ if ! /usr/bin/python3 "$root/client/python/gen_stubs.py" "$root/proto/hostkv/v1/
     "the bundle carries no Python client" >&2
   rm -rf "$dir/python"
 else
-  cp "$root/tests/gpu/torch_e2e.py" "$root/tests/gpu/torch_e2e_engines.py" "$dir/python/"
+  cp "$root/tests/gpu/torch_e2e.py" "$root/tests/gpu/torch_e2e_engines.py" \
+    "$root/tests/gpu/torch_e2e_sglang.py" "$dir/python/"
 fi
 rm -f "$dir/stubs.log"
 

@@ -86,7 +86,8 @@ check_python() {
   local pypath=$py${PYTHONPATH:+:$PYTHONPATH}
   [ -d "$py" ] || { echo "note: no python/ in this bundle: the torch check is left out"; return 0; }
   for f in hostkv/__init__.py hostkv/cuda.py hostkv/_proto/hostkv_pb2.py \
-      hostkv/_proto/hostkv_pb2_grpc.py torch_e2e.py torch_e2e_engines.py; do
+      hostkv/_proto/hostkv_pb2_grpc.py torch_e2e.py torch_e2e_engines.py \
+      torch_e2e_sglang.py hostkv_sglang_hook.py hostkv/sglang/host_pool.py; do
     [ -f "$py/$f" ] || { echo "FAIL: python/$f is missing"; return 1; }
   done
   if ! command -v python3 > /dev/null \
@@ -97,7 +98,7 @@ check_python() {
   # The machine's own python3 in its own environment (it never runs through
   # our loader, so env -i would prove nothing and could hide its packages).
   output=$(env PYTHONPATH="$pypath" PYTHONDONTWRITEBYTECODE=1 timeout 60 \
-    python3 -c "import hostkv, hostkv.cuda, hostkv.torch; print('hostkv', hostkv.pb.DESCRIPTOR.package)" 2>&1)
+    python3 -c "import hostkv, hostkv.cuda, hostkv.torch, hostkv.sglang; print('hostkv', hostkv.pb.DESCRIPTOR.package)" 2>&1)
   if [ "$output" != "hostkv hostkv.v1" ]; then
     echo "FAIL: the bundled hostkv package does not import:"
     tail -n 5 <<< "$output" | sed 's/^/    /'

@@ -19,7 +19,9 @@ and hands the pages over to B. Engine B registers its own tensors (K views,
 V separate) filled with a sentinel, loads the pages behind a mark a delayed
 side stream writes, and on its compute stream waits for each layer with
 GpuSignals.wait_layer before copying the layer's rows out (without the wait
-it would copy the sentinel). Then it compares bytes with A's.
+it would copy the sentinel). Then it compares bytes with A's. A third
+engine (torch_e2e_sglang.py) drives hostkv.sglang's host-pool classes as
+HiCache's controller does, on CUDA device pools.
 
 Prints one summary line. Exit 0 when the bytes match; 1 on a mismatch or
 an error (the bundled hostkv package not importing is one); 3 (skipped)
@@ -158,6 +160,20 @@ def run_engines(target, workdir, deadline):
             b.wait()
 
 
+def run_sglang(target, workdir, deadline):
+    """The SGLang-class engine (torch_e2e_sglang.py) in its own process."""
+    engine = _engine("sglang", target, workdir)
+    try:
+        out, _ = engine.communicate(timeout=_left(deadline))
+    except subprocess.TimeoutExpired:
+        engine.kill()
+        engine.wait()
+        raise RuntimeError("the SGLang-class engine did not finish in time") from None
+    if engine.returncode != 0:
+        raise RuntimeError(f"the SGLang-class engine failed (exit {engine.returncode})")
+    return out.strip().splitlines()[-1]
+
+
 def launch():
     why = skip_reason()
     if why is not None:
@@ -180,6 +196,7 @@ def launch():
     try:
         daemon = Daemon(workdir, deadline)
         result = run_engines(daemon.target, workdir, deadline)
+        result += "; " + run_sglang(daemon.target, workdir, deadline)
         print(f"torch_e2e: PASS: {result} ({time.monotonic() - started:.1f} s)")
         return 0
     except RuntimeError as e:
@@ -198,11 +215,14 @@ def launch():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=["a", "b"], help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=["a", "b", "sglang"], help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--to-session", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.engine == "sglang":
+        from torch_e2e_sglang import run  # pylint: disable=import-outside-toplevel
+        return run(args.target)
     if args.engine:
         return run_engine(args.engine, args.target, args.workdir, args.to_session)
     return launch()

@@ -241,9 +241,12 @@ class RemoteHostKVCache:
             host_runs, device_runs = self._runs(device_pool, host_indices, device_indices)
             if not host_runs:
                 return
+            # The device slots may still be in use by work queued on the
+            # current stream: the daemon's copy waits for this mark (CUDA).
             op = self.client.load(self.pool_name, self.import_id, host_runs, device_runs,
                                   layer_begin=layer_id, layer_end=self.layer_num,
-                                  mechanism=mechanism)
+                                  mechanism=mechanism,
+                                  wait_kv_written=self._sync.mark_kv_written())
             pending = [key, op, layer_id]
             self._loads.pending = pending
         self._sync.wait_layer(pending[1], layer_id)
