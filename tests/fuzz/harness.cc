@@ -128,6 +128,8 @@ void Harness::Dispatch(int op) {
       return DoExpireIdle();
     case kPassFd:
       return DoPassFd();
+    case kFetchPoolSegment:
+      return DoFetchPoolSegment();
     default:
       return;
   }
@@ -157,7 +159,8 @@ void Harness::PrintStats() const {
                                        "RenewSession",
                                        "AttachSession",
                                        "ExpireIdleSessions",
-                                       "AcceptPassedFd"};
+                                       "AcceptPassedFd",
+                                       "FetchPoolSegment"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
   std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
   for (int op = 0; op < kOpCount; ++op) {

@@ -11,7 +11,8 @@
 //                               meta
 //   harness_imports.cc          Register (well-formed and mangled),
 //                               Unregister
-//   harness_passed_fds.cc       AcceptPassedFd (sealed memfds and others)
+//   harness_passed_fds.cc       AcceptPassedFd (sealed memfds and others),
+//                               FetchPoolSegment
 //   harness_transfers.cc        Load, Backup and the Backup-then-Load round
 //                               trip
 //
@@ -88,6 +89,7 @@ class Harness {
     kAttachSession,
     kExpireIdle,
     kPassFd,
+    kFetchPoolSegment,
     kOpCount
   };
 
@@ -197,6 +199,7 @@ class Harness {
   // harness_passed_fds.cc
   DeviceTarget PassSealedMemfd(size_t live_index, uint64_t size);
   void DoPassFd();
+  void DoFetchPoolSegment();
 
   // harness_pools_sessions.cc
   void DoCreatePool();

@@ -3,6 +3,7 @@
 // sealable, empty, read-only, not a memfd).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -144,6 +145,56 @@ void Harness::DoPassFd() {
   FUZZ_CHECK(*s != 0 && m->FindPassed(*s) == nullptr, "passed fd handle ", *s,
              " is 0 or handed out twice");
   m->passed.push_back(PassedFdModel{*s, std::move(mapping)});
+}
+
+// Asks for a pool's segment as a session's peer (or another uid): only the
+// peer of an attached session the pool admits gets one, read-write exactly
+// when it may administer the pool, and a read-only one cannot be mapped
+// writable.
+void Harness::DoFetchPoolSegment() {
+  const SessionId id = PickSessionId();
+  SessionModel* m = FindLive(id);
+  PeerCredentials sender = PickPeer();
+  if (m != nullptr && m->attached && !OneIn(8)) {
+    sender.uid = m->uid;
+    sender.gid = m->gid;
+  }
+  const std::string pool = PickPoolName();
+  auto s = handler_.FetchPoolSegment(id, sender, pool);
+  Note(s.ok());
+  if (!CheckSessionAnswer(id, s.status(), "FetchPoolSegment")) return;
+  if (!m->attached || sender.uid != m->uid) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "FetchPoolSegment from uid ",
+               sender.uid, ": ", s.status().ToString());
+    return;
+  }
+  auto owner = pool_owners_.find(pool);
+  if (owner == pool_owners_.end()) {
+    FUZZ_CHECK(absl::IsNotFound(s.status()), "FetchPoolSegment of unknown pool ",
+               pool, ": ", s.status().ToString());
+    return;
+  }
+  if (!MayUsePool(owner->second, *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "FetchPoolSegment of pool ",
+               pool, " the session may not use: ", s.status().ToString());
+    return;
+  }
+  FUZZ_CHECK(s.ok(), "FetchPoolSegment of ", pool, ": ", s.status().ToString());
+  FUZZ_CHECK(s->writable == MayAdminPool(owner->second, *m),
+             "FetchPoolSegment of ", pool, ": writable=", s->writable);
+  struct stat st {};
+  FUZZ_CHECK(fstat(s->fd.get(), &st) == 0);
+  auto live = pools_.Get(pool);
+  FUZZ_CHECK(live.ok() && static_cast<uint64_t>(st.st_size) ==
+                              (*live)->info().total_bytes(),
+             "FetchPoolSegment of ", pool, ": a segment of ", st.st_size,
+             " bytes");
+  void* rw = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                  s->fd.get(), 0);
+  FUZZ_CHECK((rw != MAP_FAILED) == s->writable,
+             "a writable mapping of a ", s->writable ? "read-write" : "read-only",
+             " pool segment ", rw != MAP_FAILED ? "worked" : "failed");
+  if (rw != MAP_FAILED) munmap(rw, st.st_size);
 }
 
 }  // namespace hostkv::fuzz
