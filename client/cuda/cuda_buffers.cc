@@ -116,6 +116,9 @@ absl::StatusOr<std::unique_ptr<GpuSignals>> GpuSignals::Create(
 
 GpuSignals::~GpuSignals() {
   ScopedDevice on_device(device_);
+  // A MarkKvWritten still queued (behind a wait) writes into the page: let
+  // the device finish before the page is unregistered and unmapped.
+  if (kv_word_ != nullptr) cudaDeviceSynchronize();
   kv_word_.reset();
   if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
   cudaFree(words_);
@@ -185,6 +188,8 @@ absl::Status GpuSignals::AttachKvWord(Client& client, uint64_t import_id) {
   ASSIGN_OR_RETURN(
       mapping->registration,
       HostRegistration::Create(mapping->page, KvWordMapping::kBytes));
+  // The previous page may still have marks queued: drain them first.
+  if (kv_word_ != nullptr) cudaDeviceSynchronize();
   kv_word_ = std::move(mapping);
   kv_written_ = 0;  // a fresh page starts at nothing written
   return absl::OkStatus();
