@@ -169,6 +169,11 @@ def test_sizing_and_errors_follow_sglang(daemon):
     with pytest.raises(ValueError, match="Not enough host memory"):
         # 1 TB of host pool: past the daemon's memory budget.
         RemoteMHATokenToKVPoolHost(device, 0, 1000, 16, "layer_first", target=daemon.target)
+    # Older SGLang calls with four arguments (no layout): layer_first.
+    old_style = RemoteMLATokenToKVPoolHost(DevicePool("mla", LAYERS, 32, 16), 2.0, 0, 16,
+                                           allocator_type="default", target=daemon.target)
+    assert old_style.layout == "layer_first" and old_style.kv_buffer.shape[1] == old_style.size
+    old_style.close()
     # Nothing is left behind by the failed constructions.
     with hostkv.Client(daemon.target, "observer") as c:
         assert not [p for p in c.list_pools() if p.spec.name.startswith("sglang-")]

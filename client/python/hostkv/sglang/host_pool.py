@@ -14,7 +14,10 @@ layer; each call for layer i waits for layer i (CPU: on the session's
 signal record; CUDA: the current stream waits on the GPU signal word), so
 SGLang's per-layer events keep their meaning.
 
-Keywords beyond SGLang's: target= (default $HOSTKV_TARGET, else
+`layout` defaults to "layer_first", as in SGLang versions that called the
+constructor with four arguments; `allocator_type` (SGLang's choice of host
+allocator, e.g. for Mooncake) is accepted and ignored: the memory is
+hostkvd's. Keywords beyond SGLang's: target= (default $HOSTKV_TARGET, else
 unix:/run/hostkv/hostkvd.sock), pool_name= (default: a private pool of this
 object, deleted with its session; a named pool is attached and outlives the
 engine), client_name=, auth_token= (default: the file $HOSTKV_TOKEN_FILE).
@@ -63,8 +66,9 @@ class RemoteHostKVCache:
     kind = None          # "mha" / "mla"
     layouts = ()         # the layouts this attention supports
 
-    def __init__(self, device_pool, host_to_device_ratio, host_size, page_size, layout,
-                 pin_memory=True, device="cpu", *, target=None, pool_name=None,
+    def __init__(self, device_pool, host_to_device_ratio, host_size, page_size,
+                 layout="layer_first", pin_memory=True, device="cpu", *, target=None,
+                 pool_name=None,
                  client_name=None, auth_token=None, **kwargs):
         mode = kwargs.get("host_memory_mode", "cache")
         if mode != "cache":
