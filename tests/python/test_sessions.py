@@ -118,3 +118,24 @@ def test_on_daemon_lost_runs_when_the_daemon_dies_not_on_close():
     finally:
         d.stop()
 
+
+
+FORKED = textwrap.dedent("""
+    import os, sys
+    import hostkv
+    c = hostkv.Client(sys.argv[1], "parent")
+    c.create_pool(hostkv.mha_pool_spec("forked", num_layers=1, num_kv_heads=1,
+                                       head_dim=8, page_size=4, capacity_tokens=64))
+    if os.fork() == 0:
+        sys.exit(0)  # the child's exit runs atexit: it must leave the parent's session be
+    os.wait()
+    print(len(c.alloc("forked", 8)), flush=True)
+    c.close()
+""")
+
+
+def test_forked_child_leaves_the_parents_session_open(daemon):
+    out = subprocess.run([sys.executable, "-c", FORKED, daemon.target], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "1"  # one run: the parent's session still serves

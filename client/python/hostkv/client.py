@@ -56,6 +56,8 @@ _open_clients = weakref.WeakSet()
 @atexit.register
 def _close_open_clients():
     for c in list(_open_clients):
+        if c._pid != os.getpid():  # pylint: disable=protected-access
+            continue  # a forked child's copy: the session is its parent's
         try:
             c.close()
         except Exception:  # pylint: disable=broad-except
@@ -94,6 +96,7 @@ class Client:
         self._stop_renewing = threading.Event()
         self._renewer = None
         self._on_lost = []
+        self._pid = os.getpid()
         self._watcher = None
         self._watch_wake = None  # (read fd, write fd) of the watcher's pipe
         self._channel = None
@@ -279,8 +282,8 @@ class Client:
     def __del__(self):
         # Like ~Client. During interpreter teardown nothing is closed: the
         # process's exit closes the session socket, which ends the session.
-        if sys.is_finalizing():
-            return
+        if sys.is_finalizing() or getattr(self, "_pid", None) != os.getpid():
+            return  # at teardown, or a forked child's copy of the parent's client
         try:
             self.close()
         except Exception:  # pylint: disable=broad-except
