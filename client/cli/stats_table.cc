@@ -77,16 +77,33 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
   return out;
 }
 
+namespace {
+
+// "daemon", "unverified" or "uid N", and "+session N" for a pool that goes
+// with its creating session.
+std::string OwnerText(const v1::PoolOwner& owner) {
+  std::string text = owner.daemon()       ? std::string("daemon")
+                     : owner.unverified() ? std::string("unverified")
+                                          : absl::StrCat("uid ", owner.uid());
+  if (owner.delete_with_session() != 0) {
+    absl::StrAppend(&text, " +session ", owner.delete_with_session());
+  }
+  return text;
+}
+
+}  // namespace
+
 std::string FormatPools(const std::vector<v1::Pool>& pools) {
-  std::string out = absl::StrFormat("%-16s %-4s %-18s %5s %10s %10s %12s  %s\n",
-                                    "POOL", "ATTN", "LAYOUT", "PAGE",
-                                    "TOKENS", "PAGES", "BYTES", "SEGMENT");
+  std::string out = absl::StrFormat("%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n",
+                                    "POOL", "ATTN", "LAYOUT", "PAGE", "TOKENS",
+                                    "PAGES", "BYTES", "OWNER", "SEGMENT");
   for (const v1::Pool& p : pools) {
     absl::StrAppendFormat(
-        &out, "%-16s %-4s %-18s %5d %10d %10d %12s  %s\n", p.spec().name(),
+        &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n", p.spec().name(),
         p.spec().geometry().has_mla() ? "MLA" : "MHA",
         LayoutName(p.spec().layout()), p.spec().page_size(), p.token_slots(),
-        p.num_pages(), Bytes(p.total_bytes()), p.segment_name());
+        p.num_pages(), Bytes(p.total_bytes()), OwnerText(p.owner()),
+        p.segment_name());
   }
   return out;
 }

@@ -2,6 +2,8 @@
 model (sglang_model.HostModel) for every layout x page size x attention x
 io_backend that SGLang implements, plus allocation, errors and pages."""
 import ctypes
+import os
+import subprocess
 
 import pytest
 
@@ -211,3 +213,18 @@ def test_named_pool_is_shared_and_outlives_the_engine(daemon):
         second.close()
         with hostkv.Client(daemon.target, "observer") as c:
             c.delete_pool("shared-llama")
+
+
+def test_cli_shows_who_owns_the_engines_pool(daemon):
+    cli = os.environ.get("HOSTKV_CLI")
+    if not cli:
+        pytest.skip("HOSTKV_CLI does not name the hostkv CLI")
+    device = DevicePool("mha", LAYERS, size=32, page_size=16)
+    host = host_pool_for(daemon, device, "layer_first")
+    try:
+        out = subprocess.run([cli, f"--target={daemon.target}", "pools"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        (row,) = [line for line in out.splitlines() if line.startswith(host.pool_name)]
+        assert f"uid {os.getuid()} +session {host.client.session_number}" in row
+    finally:
+        host.close()
