@@ -111,3 +111,27 @@ def test_write_pages_then_read_back(client):
     assert sum(p.size for p in meta.pieces) == 2 * pool.page_bytes
     client.free("rt-pages", pages)
     client.delete_pool("rt-pages")
+
+
+@pytest.mark.parametrize("attention,layout", CASES)
+def test_pool_view_is_sglangs_kv_buffer(client, attention, layout):
+    pool, _, _, _ = make_pool(client, attention, layout)
+    name = pool.spec.name
+    view = hkt.pool_view(client, name)
+    pages = client.alloc(name, 2 * PAGE)
+    data = bytes(range(256)) * (2 * pool.page_bytes // 256 + 1)
+    client.write_pages(name, pages, data[:2 * pool.page_bytes])
+    first = pages[0][0] * PAGE
+    # The view's page, flattened in the layout's axis order, is the flat page.
+    if layout == "layer_first":
+        page = view[:, :, first:first + PAGE] if attention == "mha" else view[:, first:first + PAGE]
+    elif layout == "page_first":
+        page = view[:, first:first + PAGE] if attention == "mha" else view[first:first + PAGE]
+    else:
+        p = first // PAGE
+        page = view[:, p:p + 1] if attention == "mha" else view[p:p + 1]
+    got = page.flatten().view(torch.uint8).numpy().tobytes()
+    assert got == client.read_pages(name, [(pages[0][0], 1)])
+    client.free(name, pages)
+    del view
+    client.delete_pool(name)

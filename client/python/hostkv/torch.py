@@ -98,3 +98,11 @@ def mla_kv_buffer(num_layers, token_slots, kv_dim, dtype):
     """One shm_tensor (L, S, 1, kv_dim) and its per-layer views."""
     kv = shm_tensor((num_layers, token_slots, 1, kv_dim), dtype)
     return kv, [kv[l] for l in range(num_layers)]
+
+
+def pool_view(client, pool):
+    """A zero-copy CPU tensor of pool `pool`'s host pages in SGLang's shape
+    for its layout (its kv_buffer: MHA (2, ...), MLA without the K/V axis),
+    through client.map_pool: writable for the pool's owner, read-only
+    otherwise. The mapping lives as long as the tensor."""
+    return client.map_pool(pool).kv_buffer()
