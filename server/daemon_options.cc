@@ -15,7 +15,7 @@
 #include "proto/contract/status_macros.h"
 #include "server/byte_size.h"
 #include "server/logging.h"
-#include "server/pool_access.h"
+#include "server/pool/pool_access.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/hostkv/hostkvd.sock",
           "gRPC address: unix:PATH (default; the socket gets --socket_mode and "

@@ -12,7 +12,7 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "server/gpu_backend.h"
 #include "server/health_service.h"
-#include "server/pool_registry.h"
+#include "server/pool/pool_registry.h"
 #include "server/request_handler.h"
 #include "server/session_monitor.h"
 #include "server/session_registry.h"

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/copy_plan.h"
 #include "server/gpu_backend.h"
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 #include "proto/contract/shm_segment.h"
 
 namespace hostkv {

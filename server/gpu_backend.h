@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "proto/contract/shm_segment.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 
 namespace hostkv {
 

@@ -15,7 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 #include "server/transfer_engine.h"
 
 namespace hostkv {

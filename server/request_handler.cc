@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/contract/status_macros.h"
-#include "server/pool_access.h"
+#include "server/pool/pool_access.h"
 #include "server/request_validation.h"
 #include "server/stats_report.h"
 #include "spdlog/spdlog.h"

@@ -11,7 +11,7 @@
 #include "kernels/copy_plan.h"
 #include "server/device_import.h"
 #include "server/gpu_backend.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 
 namespace hostkv {
 

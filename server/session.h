@@ -18,9 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/device_import.h"
-#include "server/memory_budget.h"
+#include "server/pool/memory_budget.h"
 #include "server/signal_board.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 
 namespace hostkv {
 

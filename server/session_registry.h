@@ -13,7 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/memory_budget.h"
+#include "server/pool/memory_budget.h"
 #include "server/session.h"
 
 namespace hostkv {

@@ -8,8 +8,8 @@
 
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
-#include "server/memory_budget.h"
-#include "server/pool_registry.h"
+#include "server/pool/memory_budget.h"
+#include "server/pool/pool_registry.h"
 #include "server/session_registry.h"
 
 namespace hostkv {

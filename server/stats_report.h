@@ -7,7 +7,7 @@
 
 #include "absl/time/time.h"
 #include "hostkv/v1/hostkv.pb.h"
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 #include "server/session.h"
 
 namespace hostkv {

@@ -32,7 +32,7 @@
 #include "server/daemon_metrics.h"
 #include "server/device_import.h"
 #include "server/gpu_backend.h"
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 #include "server/signal_board.h"
 
 namespace hostkv {

@@ -15,7 +15,7 @@
 #include "server/cuda/cuda_transfer.h"
 #include "server/daemon_metrics.h"
 #include "server/device_import.h"
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 #include "server/signal_board.h"
 #include "server/transfer_engine.h"
 #include "spdlog/spdlog.h"

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/driver_api.h"
-#include "server/memory_budget.h"
+#include "server/pool/memory_budget.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/gpu_backend.h"
-#include "server/pin_plan.h"
+#include "server/pool/pin_plan.h"
 
 namespace hostkv {
 

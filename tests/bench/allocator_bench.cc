@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 #include "tests/bench/daemon_util.h"
 #include "tests/bench/sections.h"
 

@@ -19,9 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/device_import.h"
-#include "server/memory_budget.h"
-#include "server/pool_access.h"
-#include "server/pool_registry.h"
+#include "server/pool/memory_budget.h"
+#include "server/pool/pool_access.h"
+#include "server/pool/pool_registry.h"
 #include "server/signal_board.h"
 #include "server/transfer_engine.h"
 

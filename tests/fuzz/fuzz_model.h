@@ -17,10 +17,10 @@
 #include "google/protobuf/repeated_ptr_field.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "proto/contract/shm_segment.h"
-#include "server/pool_registry.h"
+#include "server/pool/pool_registry.h"
 #include "server/request_handler.h"
 #include "server/session_registry.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 
 namespace hostkv::fuzz {
 

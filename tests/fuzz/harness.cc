@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "server/pool_spec.h"
+#include "server/pool/pool_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace hostkv::fuzz {

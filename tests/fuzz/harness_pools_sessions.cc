@@ -7,7 +7,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/contract/op_signal.h"
 #include "proto/contract/session_socket.h"
-#include "server/pool_spec.h"
+#include "server/pool/pool_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/harness.h"
 

@@ -27,7 +27,7 @@
 #include "server/device_import.h"
 #include "server/gpu_backend.h"
 #include "server/gpu_op_tracker.h"
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 #include "server/kv_word_page.h"
 #include "server/request_handler.h"
 #include "server/transfer_engine.h"

@@ -1,4 +1,4 @@
-#include "server/memory_budget.h"
+#include "server/pool/memory_budget.h"
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

@@ -1,4 +1,4 @@
-#include "server/page_scrubber.h"
+#include "server/pool/page_scrubber.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/page_format.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {

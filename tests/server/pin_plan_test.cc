@@ -1,7 +1,7 @@
 // PlanPinChunks: how a pool is cut into CUDA registrations. Every chunk
 // boundary must be a boundary of both a pool page and an OS page, and the
 // chunks must tile the pool exactly.
-#include "server/pin_plan.h"
+#include "server/pool/pin_plan.h"
 
 #include <numeric>
 

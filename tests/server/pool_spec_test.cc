@@ -1,4 +1,4 @@
-#include "server/pool_spec.h"
+#include "server/pool/pool_spec.h"
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

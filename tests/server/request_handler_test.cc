@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "proto/contract/op_signal.h"
 #include "proto/contract/shm_segment.h"
-#include "server/pool_access.h"
+#include "server/pool/pool_access.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {

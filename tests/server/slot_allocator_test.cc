@@ -1,4 +1,4 @@
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 
 #include <atomic>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "server/pool_spec.h"
+#include "server/pool/pool_spec.h"
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"

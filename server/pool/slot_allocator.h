@@ -1,7 +1,7 @@
 // Page-granular allocation of a host pool's token slots, with an owner per
 // page so that one session cannot free or touch another's pages.
-#ifndef HOSTKV_SERVER_SLOT_ALLOCATOR_H_
-#define HOSTKV_SERVER_SLOT_ALLOCATOR_H_
+#ifndef HOSTKV_SERVER_POOL_SLOT_ALLOCATOR_H_
+#define HOSTKV_SERVER_POOL_SLOT_ALLOCATOR_H_
 
 #include <cstdint>
 #include <deque>
@@ -161,4 +161,4 @@ class SlotAllocator {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SLOT_ALLOCATOR_H_
+#endif  // HOSTKV_SERVER_POOL_SLOT_ALLOCATOR_H_

@@ -1,13 +1,13 @@
 // Zeroing of freed pool pages before they are handed out again, off the
 // request path: one background thread per pool.
-#ifndef HOSTKV_SERVER_PAGE_SCRUBBER_H_
-#define HOSTKV_SERVER_PAGE_SCRUBBER_H_
+#ifndef HOSTKV_SERVER_POOL_PAGE_SCRUBBER_H_
+#define HOSTKV_SERVER_POOL_PAGE_SCRUBBER_H_
 
 #include <cstdint>
 #include <thread>
 
 #include "kernels/pool_geometry.h"
-#include "server/slot_allocator.h"
+#include "server/pool/slot_allocator.h"
 
 namespace hostkv {
 
@@ -38,4 +38,4 @@ class PageScrubber {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_PAGE_SCRUBBER_H_
+#endif  // HOSTKV_SERVER_POOL_PAGE_SCRUBBER_H_

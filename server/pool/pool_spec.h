@@ -1,7 +1,7 @@
 // Turns a client's PoolSpec into a validated PoolGeometry, sized exactly as
 // SGLang sizes its host pool.
-#ifndef HOSTKV_SERVER_POOL_SPEC_H_
-#define HOSTKV_SERVER_POOL_SPEC_H_
+#ifndef HOSTKV_SERVER_POOL_POOL_SPEC_H_
+#define HOSTKV_SERVER_POOL_POOL_SPEC_H_
 
 #include <cstdint>
 
@@ -42,4 +42,4 @@ absl::StatusOr<CopyMechanism> ResolveMechanism(v1::CopyMechanism mechanism,
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_POOL_SPEC_H_
+#endif  // HOSTKV_SERVER_POOL_POOL_SPEC_H_

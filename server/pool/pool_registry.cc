@@ -1,4 +1,4 @@
-#include "server/pool_registry.h"
+#include "server/pool/pool_registry.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/contract/status_macros.h"
-#include "server/pool_spec.h"
+#include "server/pool/pool_spec.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

@@ -1,4 +1,4 @@
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "proto/contract/status_macros.h"
-#include "server/pool_spec.h"
+#include "server/pool/pool_spec.h"
 
 namespace hostkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/pin_plan.h"
+#include "server/pool/pin_plan.h"
 
 #include <numeric>
 

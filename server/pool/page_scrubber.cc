@@ -1,4 +1,4 @@
-#include "server/page_scrubber.h"
+#include "server/pool/page_scrubber.h"
 
 #include <algorithm>
 #include <cstring>

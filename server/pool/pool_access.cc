@@ -1,4 +1,4 @@
-#include "server/pool_access.h"
+#include "server/pool/pool_access.h"
 
 #include "absl/strings/str_cat.h"
 

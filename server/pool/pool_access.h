@@ -1,8 +1,8 @@
 // Who may use and who may delete a pool: the pool's owner (the uid of the
 // session that created it, the daemon for --config pools, or "unverified"
 // for sessions without a session socket) and its access mode.
-#ifndef HOSTKV_SERVER_POOL_ACCESS_H_
-#define HOSTKV_SERVER_POOL_ACCESS_H_
+#ifndef HOSTKV_SERVER_POOL_POOL_ACCESS_H_
+#define HOSTKV_SERVER_POOL_POOL_ACCESS_H_
 
 #include <optional>
 #include <string>
@@ -47,4 +47,4 @@ const char* PoolAccessName(v1::PoolAccess access);
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_POOL_ACCESS_H_
+#endif  // HOSTKV_SERVER_POOL_POOL_ACCESS_H_

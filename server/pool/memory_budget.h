@@ -1,7 +1,7 @@
 // The node's host-memory budget for pools, owned by the daemon: a pool that
 // does not fit is refused before anything is created.
-#ifndef HOSTKV_SERVER_MEMORY_BUDGET_H_
-#define HOSTKV_SERVER_MEMORY_BUDGET_H_
+#ifndef HOSTKV_SERVER_POOL_MEMORY_BUDGET_H_
+#define HOSTKV_SERVER_POOL_MEMORY_BUDGET_H_
 
 #include <cstdint>
 #include <functional>
@@ -85,4 +85,4 @@ std::string FormatBytes(uint64_t bytes);
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_MEMORY_BUDGET_H_
+#endif  // HOSTKV_SERVER_POOL_MEMORY_BUDGET_H_

@@ -1,7 +1,7 @@
 // One host KV pool: its shared-memory segment, its geometry and its slot
 // allocator. Pools belong to the daemon and outlive every engine session.
-#ifndef HOSTKV_SERVER_HOST_POOL_H_
-#define HOSTKV_SERVER_HOST_POOL_H_
+#ifndef HOSTKV_SERVER_POOL_HOST_POOL_H_
+#define HOSTKV_SERVER_POOL_HOST_POOL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -13,10 +13,10 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/pool_geometry.h"
 #include "server/gpu_backend.h"
-#include "server/memory_budget.h"
+#include "server/pool/memory_budget.h"
 #include "proto/contract/shm_segment.h"
-#include "server/page_scrubber.h"
-#include "server/slot_allocator.h"
+#include "server/pool/page_scrubber.h"
+#include "server/pool/slot_allocator.h"
 
 namespace hostkv {
 
@@ -124,4 +124,4 @@ class PinnedPages {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_HOST_POOL_H_
+#endif  // HOSTKV_SERVER_POOL_HOST_POOL_H_

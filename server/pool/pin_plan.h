@@ -1,8 +1,8 @@
 // How a pool's memory is cut into chunks for registration with CUDA
 // (cudaHostRegister): large single registrations fail intermittently, and a
 // pool page must never straddle two registrations.
-#ifndef HOSTKV_SERVER_PIN_PLAN_H_
-#define HOSTKV_SERVER_PIN_PLAN_H_
+#ifndef HOSTKV_SERVER_POOL_PIN_PLAN_H_
+#define HOSTKV_SERVER_POOL_PIN_PLAN_H_
 
 #include <cstdint>
 #include <vector>
@@ -25,4 +25,4 @@ std::vector<PinChunk> PlanPinChunks(uint64_t bytes, uint64_t align,
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_PIN_PLAN_H_
+#endif  // HOSTKV_SERVER_POOL_PIN_PLAN_H_

@@ -1,6 +1,6 @@
 // The daemon's pools by name.
-#ifndef HOSTKV_SERVER_POOL_REGISTRY_H_
-#define HOSTKV_SERVER_POOL_REGISTRY_H_
+#ifndef HOSTKV_SERVER_POOL_POOL_REGISTRY_H_
+#define HOSTKV_SERVER_POOL_POOL_REGISTRY_H_
 
 #include <functional>
 #include <memory>
@@ -13,9 +13,9 @@
 #include "absl/synchronization/mutex.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "server/gpu_backend.h"
-#include "server/host_pool.h"
-#include "server/memory_budget.h"
-#include "server/pool_access.h"
+#include "server/pool/host_pool.h"
+#include "server/pool/memory_budget.h"
+#include "server/pool/pool_access.h"
 
 namespace hostkv {
 
@@ -101,4 +101,4 @@ class PoolRegistry {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_POOL_REGISTRY_H_
+#endif  // HOSTKV_SERVER_POOL_POOL_REGISTRY_H_
