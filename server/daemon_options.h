@@ -14,8 +14,8 @@
 #include "server/health_service.h"
 #include "server/pool/pool_registry.h"
 #include "server/request_handler.h"
-#include "server/session_monitor.h"
-#include "server/session_registry.h"
+#include "server/sessions/session_monitor.h"
+#include "server/sessions/session_registry.h"
 
 namespace hostkv {
 

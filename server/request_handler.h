@@ -17,7 +17,7 @@
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
 #include "server/request_validation.h"
-#include "server/session_registry.h"
+#include "server/sessions/session_registry.h"
 #include "server/transfer_engine.h"
 
 namespace hostkv {

@@ -10,7 +10,7 @@
 #include "prometheus/metric_family.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
-#include "server/session_registry.h"
+#include "server/sessions/session_registry.h"
 
 namespace hostkv {
 

@@ -8,7 +8,7 @@
 #include "absl/time/time.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "server/pool/host_pool.h"
-#include "server/session.h"
+#include "server/sessions/session.h"
 
 namespace hostkv {
 

@@ -33,7 +33,7 @@
 #include "server/device_import.h"
 #include "server/gpu_backend.h"
 #include "server/pool/host_pool.h"
-#include "server/signal_board.h"
+#include "server/sessions/signal_board.h"
 
 namespace hostkv {
 

@@ -16,7 +16,7 @@
 #include "server/daemon_metrics.h"
 #include "server/device_import.h"
 #include "server/pool/host_pool.h"
-#include "server/signal_board.h"
+#include "server/sessions/signal_board.h"
 #include "server/transfer_engine.h"
 #include "spdlog/spdlog.h"
 

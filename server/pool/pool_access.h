@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "hostkv/v1/hostkv.pb.h"
-#include "server/session.h"
+#include "server/sessions/session.h"
 
 namespace hostkv {
 

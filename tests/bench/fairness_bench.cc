@@ -22,7 +22,7 @@
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_access.h"
 #include "server/pool/pool_registry.h"
-#include "server/signal_board.h"
+#include "server/sessions/signal_board.h"
 #include "server/transfer_engine.h"
 
 namespace hostkv {

@@ -19,7 +19,7 @@
 #include "proto/contract/shm_segment.h"
 #include "server/pool/pool_registry.h"
 #include "server/request_handler.h"
-#include "server/session_registry.h"
+#include "server/sessions/session_registry.h"
 #include "server/pool/slot_allocator.h"
 
 namespace hostkv::fuzz {

@@ -44,7 +44,7 @@
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
 #include "server/request_handler.h"
-#include "server/session_registry.h"
+#include "server/sessions/session_registry.h"
 #include "server/pool/slot_allocator.h"
 #include "server/transfer_engine.h"
 #include "tests/fuzz/fuzz_model.h"

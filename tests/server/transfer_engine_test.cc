@@ -24,7 +24,7 @@
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_access.h"
 #include "server/pool/pool_registry.h"
-#include "server/signal_board.h"
+#include "server/sessions/signal_board.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/sanitizers.h"
 

@@ -1,7 +1,7 @@
 // A session's per-operation completion records (OpSignal) in shared memory,
 // and which of them are in use.
-#ifndef HOSTKV_SERVER_SIGNAL_BOARD_H_
-#define HOSTKV_SERVER_SIGNAL_BOARD_H_
+#ifndef HOSTKV_SERVER_SESSIONS_SIGNAL_BOARD_H_
+#define HOSTKV_SERVER_SESSIONS_SIGNAL_BOARD_H_
 
 #include <cstdint>
 #include <memory>
@@ -73,4 +73,4 @@ class SignalBoard {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SIGNAL_BOARD_H_
+#endif  // HOSTKV_SERVER_SESSIONS_SIGNAL_BOARD_H_

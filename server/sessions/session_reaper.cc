@@ -1,4 +1,4 @@
-#include "server/session_reaper.h"
+#include "server/sessions/session_reaper.h"
 
 namespace hostkv {
 

@@ -1,6 +1,6 @@
 // Open sessions by their secret id, and the limits on how many there may be.
-#ifndef HOSTKV_SERVER_SESSION_REGISTRY_H_
-#define HOSTKV_SERVER_SESSION_REGISTRY_H_
+#ifndef HOSTKV_SERVER_SESSIONS_SESSION_REGISTRY_H_
+#define HOSTKV_SERVER_SESSIONS_SESSION_REGISTRY_H_
 
 #include <cstdint>
 #include <deque>
@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/pool/memory_budget.h"
-#include "server/session.h"
+#include "server/sessions/session.h"
 
 namespace hostkv {
 
@@ -117,4 +117,4 @@ SessionId NewSessionId();
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SESSION_REGISTRY_H_
+#endif  // HOSTKV_SERVER_SESSIONS_SESSION_REGISTRY_H_

@@ -1,4 +1,4 @@
-#include "server/session_registry.h"
+#include "server/sessions/session_registry.h"
 
 #include <sys/random.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "server/session.h"
+#include "server/sessions/session.h"
 
 #include <fcntl.h>
 

@@ -1,8 +1,8 @@
 // One connected client: its identity, its completion records and the device
 // buffers it registered. Its slots live in the pools' allocators under
 // tag().
-#ifndef HOSTKV_SERVER_SESSION_H_
-#define HOSTKV_SERVER_SESSION_H_
+#ifndef HOSTKV_SERVER_SESSIONS_SESSION_H_
+#define HOSTKV_SERVER_SESSIONS_SESSION_H_
 
 #include <atomic>
 #include <cstdint>
@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "server/device_import.h"
 #include "server/pool/memory_budget.h"
-#include "server/signal_board.h"
+#include "server/sessions/signal_board.h"
 #include "server/pool/slot_allocator.h"
 
 namespace hostkv {
@@ -135,4 +135,4 @@ class Session {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SESSION_H_
+#endif  // HOSTKV_SERVER_SESSIONS_SESSION_H_

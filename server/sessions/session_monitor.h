@@ -3,8 +3,8 @@
 // and ends a session when its connection closes (the client exited or was
 // killed). Connections are limited in number, per uid and in time until
 // they attach.
-#ifndef HOSTKV_SERVER_SESSION_MONITOR_H_
-#define HOSTKV_SERVER_SESSION_MONITOR_H_
+#ifndef HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_
+#define HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_
 
 #include <sys/types.h>
 
@@ -19,7 +19,7 @@
 #include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
 #include "server/request_handler.h"
-#include "server/session_reaper.h"
+#include "server/sessions/session_reaper.h"
 
 namespace hostkv {
 
@@ -87,4 +87,4 @@ class SessionMonitor {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SESSION_MONITOR_H_
+#endif  // HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_

@@ -2,8 +2,8 @@
 // running copy (and, on the GPU, for its import's operations), which must
 // not hold up other clients' attaches. Also expires idle unattached
 // sessions.
-#ifndef HOSTKV_SERVER_SESSION_REAPER_H_
-#define HOSTKV_SERVER_SESSION_REAPER_H_
+#ifndef HOSTKV_SERVER_SESSIONS_SESSION_REAPER_H_
+#define HOSTKV_SERVER_SESSIONS_SESSION_REAPER_H_
 
 #include <deque>
 #include <thread>
@@ -41,4 +41,4 @@ class SessionReaper {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_SESSION_REAPER_H_
+#endif  // HOSTKV_SERVER_SESSIONS_SESSION_REAPER_H_

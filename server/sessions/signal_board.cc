@@ -1,4 +1,4 @@
-#include "server/signal_board.h"
+#include "server/sessions/signal_board.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

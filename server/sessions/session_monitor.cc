@@ -1,4 +1,4 @@
-#include "server/session_monitor.h"
+#include "server/sessions/session_monitor.h"
 
 #include <fcntl.h>
 #include <sys/epoll.h>
