@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/health_service.h"
 #include "server/pool/pool_registry.h"
 #include "server/request_handler.h"

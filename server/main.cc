@@ -34,7 +34,7 @@
 #include "server/daemon_metrics.h"
 #include "server/daemon_options.h"
 #include "server/flag_sources.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/grpc_service.h"
 #include "server/health_service.h"
 #include "server/instance_lock.h"
@@ -47,7 +47,7 @@
 #include "server/sessions/session_monitor.h"
 #include "server/sessions/session_registry.h"
 #include "server/state_collector.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

@@ -13,12 +13,12 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
 #include "server/daemon_metrics.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
 #include "server/request_validation.h"
 #include "server/sessions/session_registry.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 
 namespace hostkv {
 

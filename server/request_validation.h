@@ -9,8 +9,8 @@
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
-#include "server/device_import.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/device_import.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/slot_allocator.h"
 
 namespace hostkv {

@@ -14,10 +14,10 @@
 #include "server/cuda/cuda_pool_pinning.h"
 #include "server/cuda/cuda_transfer.h"
 #include "server/daemon_metrics.h"
-#include "server/device_import.h"
+#include "server/transfer/device_import.h"
 #include "server/pool/host_pool.h"
 #include "server/sessions/signal_board.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

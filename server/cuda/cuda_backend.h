@@ -19,8 +19,8 @@
 #include "absl/synchronization/mutex.h"
 #include "server/cuda/ipc_mappings.h"
 #include "server/cuda/pinned_staging.h"
-#include "server/gpu_backend.h"
-#include "server/gpu_op_tracker.h"
+#include "server/transfer/gpu_backend.h"
+#include "server/transfer/gpu_op_tracker.h"
 
 namespace hostkv {
 

@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/driver_api.h"
 #include "server/cuda/ipc_mappings.h"
-#include "server/gpu_backend.h"
-#include "server/kv_word_page.h"
+#include "server/transfer/gpu_backend.h"
+#include "server/transfer/kv_word_page.h"
 
 namespace hostkv {
 

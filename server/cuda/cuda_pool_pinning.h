@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/pin_plan.h"
 
 namespace hostkv {

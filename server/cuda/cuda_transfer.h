@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "server/cuda/cuda_import.h"
 #include "server/cuda/pinned_staging.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 
 namespace hostkv {
 

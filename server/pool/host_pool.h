@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/pool_geometry.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/memory_budget.h"
 #include "proto/contract/shm_segment.h"
 #include "server/pool/page_scrubber.h"

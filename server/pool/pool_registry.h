@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "hostkv/v1/hostkv.pb.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/host_pool.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_access.h"

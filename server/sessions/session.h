@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/device_import.h"
+#include "server/transfer/device_import.h"
 #include "server/pool/memory_budget.h"
 #include "server/sessions/signal_board.h"
 #include "server/pool/slot_allocator.h"

@@ -18,12 +18,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "server/device_import.h"
+#include "server/transfer/device_import.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_access.h"
 #include "server/pool/pool_registry.h"
 #include "server/sessions/signal_board.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 
 namespace hostkv {
 namespace {

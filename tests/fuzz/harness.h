@@ -46,7 +46,7 @@
 #include "server/request_handler.h"
 #include "server/sessions/session_registry.h"
 #include "server/pool/slot_allocator.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 #include "tests/fuzz/fuzz_model.h"
 
 namespace hostkv::fuzz {

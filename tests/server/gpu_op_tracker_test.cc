@@ -2,7 +2,7 @@
 // once, bounded AwaitIdle, and CloseOnce (a failed import creation must not
 // release its signal-word claim twice). The lifetime of imports seen by the
 // watchdog is checked with real imports in gpu_routing_test.cc.
-#include "server/gpu_op_tracker.h"
+#include "server/transfer/gpu_op_tracker.h"
 
 #include <atomic>
 #include <memory>

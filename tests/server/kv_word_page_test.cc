@@ -1,6 +1,6 @@
 // The daemon's "KV written" page on the CPU: a sealed one-page memfd whose
 // word a second mapping (the engine's) shares, released by a CPU store.
-#include "server/kv_word_page.h"
+#include "server/transfer/kv_word_page.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

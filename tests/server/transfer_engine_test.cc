@@ -4,7 +4,7 @@
 // session's queued operations at once; a device buffer truncated under a
 // copy fails that operation only. Assertions are on completion order and
 // counts, never on times.
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "server/device_import.h"
+#include "server/transfer/device_import.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_access.h"
 #include "server/pool/pool_registry.h"

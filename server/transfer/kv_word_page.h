@@ -6,8 +6,8 @@
 // too, and its stream writes the growing mark with cuStreamWriteValue64.
 // Releasing every wait on it is a plain CPU store: no stream is involved,
 // so a release can never queue behind the wait it releases.
-#ifndef HOSTKV_SERVER_KV_WORD_PAGE_H_
-#define HOSTKV_SERVER_KV_WORD_PAGE_H_
+#ifndef HOSTKV_SERVER_TRANSFER_KV_WORD_PAGE_H_
+#define HOSTKV_SERVER_TRANSFER_KV_WORD_PAGE_H_
 
 #include <cstdint>
 #include <memory>
@@ -56,4 +56,4 @@ class KvWordPage {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_KV_WORD_PAGE_H_
+#endif  // HOSTKV_SERVER_TRANSFER_KV_WORD_PAGE_H_

@@ -1,8 +1,8 @@
-#include "server/gpu_op_tracker.h"
+#include "server/transfer/gpu_op_tracker.h"
 
 #include <utility>
 
-#include "server/device_import.h"
+#include "server/transfer/device_import.h"
 
 namespace hostkv {
 

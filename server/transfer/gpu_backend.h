@@ -2,8 +2,8 @@
 // daemon builds without a CUDA toolkit and runs without a GPU. The CUDA
 // implementation lives in server/cuda/; without CUDA, CreateGpuBackend says
 // why there is none and the daemon serves the CPU backend alone.
-#ifndef HOSTKV_SERVER_GPU_BACKEND_H_
-#define HOSTKV_SERVER_GPU_BACKEND_H_
+#ifndef HOSTKV_SERVER_TRANSFER_GPU_BACKEND_H_
+#define HOSTKV_SERVER_TRANSFER_GPU_BACKEND_H_
 
 #include <cstdint>
 #include <functional>
@@ -148,4 +148,4 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_GPU_BACKEND_H_
+#endif  // HOSTKV_SERVER_TRANSFER_GPU_BACKEND_H_

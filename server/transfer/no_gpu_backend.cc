@@ -1,6 +1,6 @@
 // CreateGpuBackend for builds without CUDA: the daemon serves the CPU
 // backend alone.
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 
 namespace hostkv {
 

@@ -2,8 +2,8 @@
 // copy into and out of them. CPU backend: each buffer is a range of a POSIX
 // shared-memory segment the engine created. CUDA backend: each is a range of
 // a CUDA allocation opened from its IPC handle (server/cuda/).
-#ifndef HOSTKV_SERVER_DEVICE_IMPORT_H_
-#define HOSTKV_SERVER_DEVICE_IMPORT_H_
+#ifndef HOSTKV_SERVER_TRANSFER_DEVICE_IMPORT_H_
+#define HOSTKV_SERVER_TRANSFER_DEVICE_IMPORT_H_
 
 #include <cstdint>
 #include <functional>
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/copy_plan.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/host_pool.h"
 #include "proto/contract/shm_segment.h"
 
@@ -102,4 +102,4 @@ class DeviceImport {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_DEVICE_IMPORT_H_
+#endif  // HOSTKV_SERVER_TRANSFER_DEVICE_IMPORT_H_

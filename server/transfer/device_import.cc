@@ -1,4 +1,4 @@
-#include "server/device_import.h"
+#include "server/transfer/device_import.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

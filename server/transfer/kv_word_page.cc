@@ -1,4 +1,4 @@
-#include "server/kv_word_page.h"
+#include "server/transfer/kv_word_page.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

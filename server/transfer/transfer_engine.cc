@@ -1,4 +1,4 @@
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 
 #include <algorithm>
 #include <string>

@@ -2,8 +2,8 @@
 // that its lifetime rules are tested on the CPU (tests/server/
 // gpu_op_tracker_test.cc): which operations are on a stream, how many per
 // session, which waits for "KV written" are overdue.
-#ifndef HOSTKV_SERVER_GPU_OP_TRACKER_H_
-#define HOSTKV_SERVER_GPU_OP_TRACKER_H_
+#ifndef HOSTKV_SERVER_TRANSFER_GPU_OP_TRACKER_H_
+#define HOSTKV_SERVER_TRANSFER_GPU_OP_TRACKER_H_
 
 #include <cstdint>
 #include <functional>
@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/pool/slot_allocator.h"
-#include "server/transfer_engine.h"
+#include "server/transfer/transfer_engine.h"
 
 namespace hostkv {
 
@@ -113,4 +113,4 @@ class CloseOnce {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_GPU_OP_TRACKER_H_
+#endif  // HOSTKV_SERVER_TRANSFER_GPU_OP_TRACKER_H_

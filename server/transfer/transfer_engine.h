@@ -8,8 +8,8 @@
 // one slice at most. CUDA imports: handed to the GPU backend, which enqueues
 // them on the import's stream and returns; a CPU operation of a session
 // waits for that session's GPU operations first.
-#ifndef HOSTKV_SERVER_TRANSFER_ENGINE_H_
-#define HOSTKV_SERVER_TRANSFER_ENGINE_H_
+#ifndef HOSTKV_SERVER_TRANSFER_TRANSFER_ENGINE_H_
+#define HOSTKV_SERVER_TRANSFER_TRANSFER_ENGINE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -30,8 +30,8 @@
 #include "kernels/cpu_copy_engine.h"
 #include "kernels/worker_pool.h"
 #include "server/daemon_metrics.h"
-#include "server/device_import.h"
-#include "server/gpu_backend.h"
+#include "server/transfer/device_import.h"
+#include "server/transfer/gpu_backend.h"
 #include "server/pool/host_pool.h"
 #include "server/sessions/signal_board.h"
 
@@ -160,4 +160,4 @@ class TransferEngine {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_TRANSFER_ENGINE_H_
+#endif  // HOSTKV_SERVER_TRANSFER_TRANSFER_ENGINE_H_
