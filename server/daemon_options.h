@@ -11,9 +11,9 @@
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "server/transfer/gpu_backend.h"
-#include "server/health_service.h"
+#include "server/service/health_service.h"
 #include "server/pool/pool_registry.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 #include "server/sessions/session_monitor.h"
 #include "server/sessions/session_registry.h"
 

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 #include "server/sessions/session_reaper.h"
 
 namespace hostkv {

@@ -12,7 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 
 namespace hostkv {
 

@@ -18,7 +18,7 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "proto/contract/shm_segment.h"
 #include "server/pool/pool_registry.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 #include "server/sessions/session_registry.h"
 #include "server/pool/slot_allocator.h"
 

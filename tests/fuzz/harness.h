@@ -43,7 +43,7 @@
 #include "server/pool/host_pool.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 #include "server/sessions/session_registry.h"
 #include "server/pool/slot_allocator.h"
 #include "server/transfer/transfer_engine.h"

@@ -1,4 +1,4 @@
-#include "server/auth_token.h"
+#include "server/service/auth_token.h"
 
 #include <algorithm>
 #include <functional>

@@ -29,7 +29,7 @@
 #include "server/transfer/gpu_op_tracker.h"
 #include "server/pool/host_pool.h"
 #include "server/transfer/kv_word_page.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 #include "server/transfer/transfer_engine.h"
 #include "proto/contract/status_macros.h"
 #include "tests/testing/status_matchers.h"

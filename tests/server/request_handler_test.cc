@@ -1,6 +1,6 @@
 // The request layer with the real pools, allocator, sessions and copy engine
 // behind it: every refusal names the right code, and refusals change nothing.
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 
 #include <unistd.h>
 

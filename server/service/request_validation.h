@@ -1,7 +1,7 @@
 // Checks and converts the fields of client requests, before anything is
 // touched. Everything here is pure: no daemon state.
-#ifndef HOSTKV_SERVER_REQUEST_VALIDATION_H_
-#define HOSTKV_SERVER_REQUEST_VALIDATION_H_
+#ifndef HOSTKV_SERVER_SERVICE_REQUEST_VALIDATION_H_
+#define HOSTKV_SERVER_SERVICE_REQUEST_VALIDATION_H_
 
 #include <cstdint>
 #include <vector>
@@ -74,4 +74,4 @@ absl::StatusOr<RegistrationSpec> ToRegistrationSpec(
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_REQUEST_VALIDATION_H_
+#endif  // HOSTKV_SERVER_SERVICE_REQUEST_VALIDATION_H_

@@ -1,8 +1,8 @@
 // Executes the hostkv.v1 requests against the daemon's state: validates
 // every field, then acts. No gRPC here (see grpc_service.h), so tests and
 // fuzzers drive it directly.
-#ifndef HOSTKV_SERVER_REQUEST_HANDLER_H_
-#define HOSTKV_SERVER_REQUEST_HANDLER_H_
+#ifndef HOSTKV_SERVER_SERVICE_REQUEST_HANDLER_H_
+#define HOSTKV_SERVER_SERVICE_REQUEST_HANDLER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "server/transfer/gpu_backend.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
-#include "server/request_validation.h"
+#include "server/service/request_validation.h"
 #include "server/sessions/session_registry.h"
 #include "server/transfer/transfer_engine.h"
 
@@ -208,4 +208,4 @@ class RequestHandler {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_REQUEST_HANDLER_H_
+#endif  // HOSTKV_SERVER_SERVICE_REQUEST_HANDLER_H_

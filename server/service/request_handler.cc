@@ -1,6 +1,6 @@
 // Sessions, pools, device-buffer registrations and stats. The data-path
 // requests (slots, transfers, pages) are in data_requests.cc.
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 
 #include <utility>
 
@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_access.h"
-#include "server/request_validation.h"
+#include "server/service/request_validation.h"
 #include "server/stats_report.h"
 #include "spdlog/spdlog.h"
 

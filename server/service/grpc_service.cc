@@ -1,4 +1,4 @@
-#include "server/grpc_service.h"
+#include "server/service/grpc_service.h"
 
 #include <utility>
 

@@ -9,8 +9,8 @@
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_access.h"
 #include "server/pool/pool_spec.h"
-#include "server/request_handler.h"
-#include "server/request_validation.h"
+#include "server/service/request_handler.h"
+#include "server/service/request_validation.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

@@ -1,4 +1,4 @@
-#include "server/request_validation.h"
+#include "server/service/request_validation.h"
 
 #include <algorithm>
 

@@ -2,15 +2,15 @@
 // daemon's token. gRPC 1.51's reflection plugin has no hook for a token
 // check, and InsecureServerCredentials cannot take an auth metadata
 // processor, so the daemon answers reflection itself.
-#ifndef HOSTKV_SERVER_REFLECTION_SERVICE_H_
-#define HOSTKV_SERVER_REFLECTION_SERVICE_H_
+#ifndef HOSTKV_SERVER_SERVICE_REFLECTION_SERVICE_H_
+#define HOSTKV_SERVER_SERVICE_REFLECTION_SERVICE_H_
 
 #include <string>
 #include <vector>
 
 #include "google/protobuf/descriptor.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
-#include "server/auth_token.h"
+#include "server/service/auth_token.h"
 
 namespace hostkv {
 
@@ -51,4 +51,4 @@ class ReflectionService final
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_REFLECTION_SERVICE_H_
+#endif  // HOSTKV_SERVER_SERVICE_REFLECTION_SERVICE_H_

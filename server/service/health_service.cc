@@ -1,4 +1,4 @@
-#include "server/health_service.h"
+#include "server/service/health_service.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"

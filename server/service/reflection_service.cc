@@ -1,4 +1,4 @@
-#include "server/reflection_service.h"
+#include "server/service/reflection_service.h"
 
 #include <deque>
 #include <utility>

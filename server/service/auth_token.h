@@ -1,7 +1,7 @@
 // The shared token of --auth_token_file, checked on every call of every
 // service the daemon serves.
-#ifndef HOSTKV_SERVER_AUTH_TOKEN_H_
-#define HOSTKV_SERVER_AUTH_TOKEN_H_
+#ifndef HOSTKV_SERVER_SERVICE_AUTH_TOKEN_H_
+#define HOSTKV_SERVER_SERVICE_AUTH_TOKEN_H_
 
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
@@ -45,4 +45,4 @@ class TokenAuthorizer {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_AUTH_TOKEN_H_
+#endif  // HOSTKV_SERVER_SERVICE_AUTH_TOKEN_H_

@@ -3,8 +3,8 @@
 // adds polling threads and context switches to every call.) Behind the
 // daemon's token like every other service, and with a bound on the Watch
 // streams, each of which holds a server thread.
-#ifndef HOSTKV_SERVER_HEALTH_SERVICE_H_
-#define HOSTKV_SERVER_HEALTH_SERVICE_H_
+#ifndef HOSTKV_SERVER_SERVICE_HEALTH_SERVICE_H_
+#define HOSTKV_SERVER_SERVICE_HEALTH_SERVICE_H_
 
 #include <cstdint>
 #include <string>
@@ -13,7 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/auth_token.h"
+#include "server/service/auth_token.h"
 #include "server/logging.h"
 
 namespace hostkv {
@@ -78,4 +78,4 @@ class HealthService final : public grpc::health::v1::Health::Service {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_HEALTH_SERVICE_H_
+#endif  // HOSTKV_SERVER_SERVICE_HEALTH_SERVICE_H_

@@ -1,14 +1,14 @@
 // The gRPC face of RequestHandler: unpacks, delegates, maps absl::Status to
 // grpc::Status. Nothing else.
-#ifndef HOSTKV_SERVER_GRPC_SERVICE_H_
-#define HOSTKV_SERVER_GRPC_SERVICE_H_
+#ifndef HOSTKV_SERVER_SERVICE_GRPC_SERVICE_H_
+#define HOSTKV_SERVER_SERVICE_GRPC_SERVICE_H_
 
 #include <string>
 
 #include "hostkv/v1/hostkv.grpc.pb.h"
-#include "server/auth_token.h"
+#include "server/service/auth_token.h"
 #include "server/daemon_metrics.h"
-#include "server/request_handler.h"
+#include "server/service/request_handler.h"
 
 namespace hostkv {
 
@@ -59,4 +59,4 @@ class GrpcService final : public v1::HostKV::Service {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_GRPC_SERVICE_H_
+#endif  // HOSTKV_SERVER_SERVICE_GRPC_SERVICE_H_
