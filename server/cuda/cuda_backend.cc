@@ -13,7 +13,7 @@
 #include "server/cuda/cuda_import.h"
 #include "server/cuda/cuda_pool_pinning.h"
 #include "server/cuda/cuda_transfer.h"
-#include "server/daemon_metrics.h"
+#include "server/operations/daemon_metrics.h"
 #include "server/transfer/device_import.h"
 #include "server/pool/host_pool.h"
 #include "server/sessions/signal_board.h"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "server/logging.h"
+#include "server/operations/logging.h"
 
 namespace hostkv {
 

@@ -7,7 +7,7 @@
 
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "server/service/auth_token.h"
-#include "server/daemon_metrics.h"
+#include "server/operations/daemon_metrics.h"
 #include "server/service/request_handler.h"
 
 namespace hostkv {

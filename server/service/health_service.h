@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/service/auth_token.h"
-#include "server/logging.h"
+#include "server/operations/logging.h"
 
 namespace hostkv {
 

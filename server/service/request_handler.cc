@@ -9,7 +9,7 @@
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_access.h"
 #include "server/service/request_validation.h"
-#include "server/stats_report.h"
+#include "server/operations/stats_report.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

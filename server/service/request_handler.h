@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
-#include "server/daemon_metrics.h"
+#include "server/operations/daemon_metrics.h"
 #include "server/transfer/gpu_backend.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"

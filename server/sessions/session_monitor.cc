@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/instance_lock.h"
+#include "server/operations/instance_lock.h"
 #include "spdlog/spdlog.h"
 
 #ifndef SO_PEERGROUPS

@@ -29,7 +29,7 @@
 #include "kernels/copy_plan.h"
 #include "kernels/cpu_copy_engine.h"
 #include "kernels/worker_pool.h"
-#include "server/daemon_metrics.h"
+#include "server/operations/daemon_metrics.h"
 #include "server/transfer/device_import.h"
 #include "server/transfer/gpu_backend.h"
 #include "server/pool/host_pool.h"

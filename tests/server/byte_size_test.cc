@@ -1,4 +1,4 @@
-#include "server/byte_size.h"
+#include "server/operations/byte_size.h"
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

@@ -1,4 +1,4 @@
-#include "server/flag_sources.h"
+#include "server/operations/flag_sources.h"
 
 #include <cstdlib>
 #include <fstream>

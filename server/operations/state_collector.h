@@ -1,8 +1,8 @@
 // Occupancy gauges, read from the daemon's state when Prometheus scrapes:
 // per pool capacity/used/free (pages and bytes), pinning, imports; sessions;
 // the memory budget.
-#ifndef HOSTKV_SERVER_STATE_COLLECTOR_H_
-#define HOSTKV_SERVER_STATE_COLLECTOR_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_STATE_COLLECTOR_H_
+#define HOSTKV_SERVER_OPERATIONS_STATE_COLLECTOR_H_
 
 #include <vector>
 
@@ -32,4 +32,4 @@ class StateCollector : public prometheus::Collectable {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_STATE_COLLECTOR_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_STATE_COLLECTOR_H_

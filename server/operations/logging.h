@@ -1,7 +1,7 @@
 // spdlog set-up for hostkvd: text lines for people, JSON lines for log
 // collectors.
-#ifndef HOSTKV_SERVER_LOGGING_H_
-#define HOSTKV_SERVER_LOGGING_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_LOGGING_H_
+#define HOSTKV_SERVER_OPERATIONS_LOGGING_H_
 
 #include <cstdint>
 #include <string>
@@ -40,4 +40,4 @@ class WarningThrottle {
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_LOGGING_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_LOGGING_H_

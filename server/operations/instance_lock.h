@@ -2,8 +2,8 @@
 // file before it binds, so the daemon holds an flock on "<socket>.lock".
 // Also the checks that keep another local user from steering the daemon
 // through its socket directory (planted symlinks, replaced entries).
-#ifndef HOSTKV_SERVER_INSTANCE_LOCK_H_
-#define HOSTKV_SERVER_INSTANCE_LOCK_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_INSTANCE_LOCK_H_
+#define HOSTKV_SERVER_OPERATIONS_INSTANCE_LOCK_H_
 
 #include <sys/types.h>
 
@@ -57,4 +57,4 @@ int RemoveStaleSegments(const std::string& own_prefix);
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_INSTANCE_LOCK_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_INSTANCE_LOCK_H_

@@ -1,4 +1,4 @@
-#include "server/stats_report.h"
+#include "server/operations/stats_report.h"
 
 #include <optional>
 #include <string>

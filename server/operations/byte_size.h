@@ -1,7 +1,7 @@
 // Parses sizes such as "64GiB", "512MiB", "10G" or "4096" for flags and
 // config.
-#ifndef HOSTKV_SERVER_BYTE_SIZE_H_
-#define HOSTKV_SERVER_BYTE_SIZE_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_BYTE_SIZE_H_
+#define HOSTKV_SERVER_OPERATIONS_BYTE_SIZE_H_
 
 #include <cstdint>
 #include <string>
@@ -17,4 +17,4 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_BYTE_SIZE_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_BYTE_SIZE_H_

@@ -1,4 +1,4 @@
-#include "server/daemon_options.h"
+#include "server/operations/daemon_options.h"
 
 #include <grp.h>
 
@@ -13,8 +13,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
-#include "server/byte_size.h"
-#include "server/logging.h"
+#include "server/operations/byte_size.h"
+#include "server/operations/logging.h"
 #include "server/pool/pool_access.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/hostkv/hostkvd.sock",

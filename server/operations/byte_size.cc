@@ -1,4 +1,4 @@
-#include "server/byte_size.h"
+#include "server/operations/byte_size.h"
 
 #include <cctype>
 #include <utility>

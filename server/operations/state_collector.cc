@@ -1,4 +1,4 @@
-#include "server/state_collector.h"
+#include "server/operations/state_collector.h"
 
 #include <memory>
 #include <string>

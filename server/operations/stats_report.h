@@ -1,6 +1,6 @@
 // Fills the occupancy messages of GetPoolStats from the daemon's state.
-#ifndef HOSTKV_SERVER_STATS_REPORT_H_
-#define HOSTKV_SERVER_STATS_REPORT_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_STATS_REPORT_H_
+#define HOSTKV_SERVER_OPERATIONS_STATS_REPORT_H_
 
 #include <memory>
 #include <vector>
@@ -25,4 +25,4 @@ void FillSessionInfo(const Session& session,
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_STATS_REPORT_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_STATS_REPORT_H_

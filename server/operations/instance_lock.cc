@@ -1,4 +1,4 @@
-#include "server/instance_lock.h"
+#include "server/operations/instance_lock.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "server/daemon_metrics.h"
+#include "server/operations/daemon_metrics.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "server/logging.h"
+#include "server/operations/logging.h"
 
 #include <memory>
 

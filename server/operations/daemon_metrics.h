@@ -2,8 +2,8 @@
 // allocation failures, session ends). Occupancy gauges are read from the
 // daemon's state at scrape time by StateCollector. A null DaemonMetrics* is
 // allowed everywhere: nothing is recorded.
-#ifndef HOSTKV_SERVER_DAEMON_METRICS_H_
-#define HOSTKV_SERVER_DAEMON_METRICS_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_DAEMON_METRICS_H_
+#define HOSTKV_SERVER_OPERATIONS_DAEMON_METRICS_H_
 
 #include <cstdint>
 #include <memory>
@@ -59,4 +59,4 @@ const char* MechanismName(CopyMechanism mechanism);   // "kernel" / "direct"
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_DAEMON_METRICS_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_DAEMON_METRICS_H_

@@ -1,8 +1,8 @@
 // hostkvd takes every option from three sources with the same names: the
 // config file's `flags` map, HOSTKVD_<NAME> environment variables, and the
 // command line, in rising precedence.
-#ifndef HOSTKV_SERVER_FLAG_SOURCES_H_
-#define HOSTKV_SERVER_FLAG_SOURCES_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_FLAG_SOURCES_H_
+#define HOSTKV_SERVER_OPERATIONS_FLAG_SOURCES_H_
 
 #include <string>
 #include <vector>
@@ -24,4 +24,4 @@ std::string FlagEnvName(const std::string& flag);
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_FLAG_SOURCES_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_FLAG_SOURCES_H_

@@ -1,6 +1,6 @@
 // hostkvd's flags: their definitions, and the checked options they make.
-#ifndef HOSTKV_SERVER_DAEMON_OPTIONS_H_
-#define HOSTKV_SERVER_DAEMON_OPTIONS_H_
+#ifndef HOSTKV_SERVER_OPERATIONS_DAEMON_OPTIONS_H_
+#define HOSTKV_SERVER_OPERATIONS_DAEMON_OPTIONS_H_
 
 #include <sys/types.h>
 
@@ -53,4 +53,4 @@ absl::Status SetUpLoggingFromFlags();
 
 }  // namespace hostkv
 
-#endif  // HOSTKV_SERVER_DAEMON_OPTIONS_H_
+#endif  // HOSTKV_SERVER_OPERATIONS_DAEMON_OPTIONS_H_
