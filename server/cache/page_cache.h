@@ -5,6 +5,7 @@
 #define HOSTKV_SERVER_CACHE_PAGE_CACHE_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,8 +29,8 @@ inline constexpr size_t kMaxCacheNamespaceBytes = 128;
 // Namespaces one cache can tell apart (a namespace, once published in, stays
 // with its counters for the cache's life).
 inline constexpr size_t kMaxCacheNamespaces = 65535;
-// The largest pool a PageCache indexes (page numbers and entry indices are
-// 32-bit inside).
+// The largest pool a PageCache indexes (page numbers are 32-bit inside, one
+// value kept for "none").
 inline constexpr uint64_t kMaxCachePages = (uint64_t{1} << 32) - 2;
 
 // Counters of one namespace, or of the whole pool.
@@ -121,11 +122,16 @@ std::vector<PageRun> ToPageRuns(absl::Span<const uint64_t> pages);
 // the hot end.
 //
 // Cost: O(1) per key, page or reference, whatever the number of pages
-// cached. Memory: fixed at construction ~14-23 bytes per page of the pool
-// (a key index sized for every page cached, and a page -> entry index),
-// plus 104 bytes per cached page (its entry, key inline), allocated in
-// chunks of 4096 entries as pages get cached (never given back), plus ~16
-// bytes per (session, page) reference.
+// cached; the index slots of a call's keys are prefetched a few keys ahead,
+// and Evict prefetches the next victim's entry. Memory: at construction, a
+// key index sized for every page at once (5 bytes a slot, 1.3-2.6 slots a
+// page: 6-12 bytes per page of the pool; it never grows or rehashes while
+// the lock is held); then 96 bytes per page (its entry, key inline),
+// allocated 65,536 pages (6 MiB) at a time when the first page of such a
+// range is published, and not given back; plus ~16 bytes per (session,
+// page) reference. Arrays of 2 MiB and more ask for transparent huge pages
+// (madvise): the accesses are random, and at millions of pages 4 KiB pages
+// add a TLB miss to most of them.
 //
 // Thread-safe; every method takes one mutex once.
 class PageCache {
@@ -202,55 +208,80 @@ class PageCache {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Walks every structure and checks that they agree (the LRU list, the
-  // key index, the page index, child counts, references, every counter).
-  // O(pages cached + references). For tests; Internal naming the first
+  // key index, the entries, child counts, references, every counter).
+  // O(pages of the pool + references). For tests; Internal naming the first
   // disagreement.
   absl::Status CheckConsistency() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry;
   struct Namespace;
-  // Key index: entry indices, hashed and compared by (namespace id, key)
-  // read from the entry itself, so a key is stored once.
+  // Key index: page numbers (an entry's index is its page), hashed and
+  // compared by (namespace id, key) read from the entry itself, so a key is
+  // stored once. A KeyRef carries its hash, computed once per call.
   struct KeyRef {
     uint16_t ns;
     absl::string_view key;
+    size_t hash;
   };
   struct KeyHash {
     using is_transparent = void;
     const PageCache* cache;
-    size_t operator()(uint32_t entry) const;
-    size_t operator()(const KeyRef& key) const;
+    size_t operator()(uint32_t page) const;
+    size_t operator()(const KeyRef& key) const { return key.hash; }
   };
   struct KeyEq {
     using is_transparent = void;
     const PageCache* cache;
     bool operator()(uint32_t a, uint32_t b) const { return a == b; }
-    bool operator()(uint32_t entry, const KeyRef& key) const;
-    bool operator()(const KeyRef& key, uint32_t entry) const {
-      return (*this)(entry, key);
+    bool operator()(uint32_t page, const KeyRef& key) const;
+    bool operator()(const KeyRef& key, uint32_t page) const {
+      return (*this)(page, key);
     }
   };
-  using KeyIndex = absl::flat_hash_set<uint32_t, KeyHash, KeyEq>;
-  // A session's references: entry -> count (> 0, except inside Release),
+  // For the key index: see AllocateMaybeHuge.
+  template <typename T>
+  struct HugePageAllocator {
+    using value_type = T;
+    HugePageAllocator() = default;
+    template <typename U>
+    HugePageAllocator(const HugePageAllocator<U>&) {}
+    T* allocate(size_t n) {
+      return static_cast<T*>(AllocateMaybeHuge(n * sizeof(T)));
+    }
+    void deallocate(T* p, size_t) { std::free(p); }
+    bool operator==(const HugePageAllocator&) const { return true; }
+  };
+  // Zeroed; on huge pages from 2 MiB. Throws std::bad_alloc as new does.
+  static void* AllocateMaybeHuge(size_t bytes);
+  using KeyIndex = absl::flat_hash_set<uint32_t, KeyHash, KeyEq,
+                                       HugePageAllocator<uint32_t>>;
+  // A session's references: page -> count (> 0, except inside Release),
   // and their sum.
   struct SessionRefs {
-    using Map = absl::flat_hash_map<uint32_t, uint32_t>;
-    Map by_entry;
+    absl::flat_hash_map<uint32_t, uint32_t> by_page;
     uint64_t total = 0;
   };
 
   static constexpr uint32_t kNone = UINT32_MAX;
-  static constexpr uint32_t kChunkBits = 12;
+  static constexpr uint32_t kChunkBits = 16;  // 65,536 entries, 6 MiB
+  static constexpr uint32_t kChunkMask = (1u << kChunkBits) - 1;
+  // Keys hashed (and their index slots prefetched) ahead of their probe.
+  static constexpr size_t kLookahead = 8;
 
   explicit PageCache(uint64_t num_pages);
 
-  // The entry behind an index. Entries live in chunks_, which is only ever
-  // appended to; reading it needs mu_ (the hasher and comparator of the key
-  // index run with mu_ held, which the analysis cannot see).
-  Entry& At(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const Entry& At(uint32_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  const Entry& AtUnchecked(uint32_t index) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  static size_t HashOf(uint16_t ns, absl::string_view key);
+
+  // The entry of a page. REQUIRES: its chunk exists (the page is cached, or
+  // EnsureChunk was called). The hasher and comparator of the key index
+  // call AtUnchecked, with mu_ held where the analysis cannot see it.
+  Entry& At(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Entry& At(uint32_t page) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  const Entry& AtUnchecked(uint32_t page) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  bool CachedLocked(uint64_t page) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void EnsureChunk(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Prefetch(uint32_t page) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckPublish(absl::string_view name_space,
                             absl::Span<const PublishItem> items, bool acquire,
@@ -258,27 +289,29 @@ class PageCache {
   // The namespace's id, made if new; ResourceExhausted when none is left.
   absl::StatusOr<uint16_t> InternLocked(absl::string_view name_space)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t FindLocked(uint16_t ns, absl::string_view key) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The page cached under the key, or kNone.
+  uint32_t FindLocked(const KeyRef& key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // One item of Publish: `parent` is the parent's page (kNone: none, or not
+  // cached); *page_out the page cached under the key, kNone on conflict.
   PublishResult PublishOneLocked(uint16_t ns, const PublishItem& item,
-                                 uint32_t* entry)
+                                 size_t hash, uint32_t parent,
+                                 uint32_t* page_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t InsertLocked(uint16_t ns, absl::string_view key, uint32_t parent,
-                        uint64_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the coldest evictable entry; returns its page.
-  uint64_t EvictColdestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the coldest evictable entry, whose key hashes to `hash`.
+  void EvictColdestLocked(size_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The LRU list holds exactly the evictable entries.
   static bool Evictable(const Entry& e);
-  void LinkHot(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LinkCold(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Unlink(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LinkHot(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LinkCold(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unlink(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the entry used now (and moves it to the hot end if evictable).
-  void Touch(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A reference more / count fewer on the entry (the session's count is the
-  // caller's business).
-  void AddRef(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropRefs(uint32_t index, uint32_t count)
+  void Touch(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A reference more / count fewer on the entry, and on the session's count
+  // (AddRef) or not (DropRefs: the caller's business).
+  void AddRef(uint32_t page, SessionRefs& held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropRefs(uint32_t page, uint32_t count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cached children: one more, one fewer.
   void AddChild(uint32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -306,11 +339,14 @@ class PageCache {
   const uint64_t num_pages_;
 
   mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Entry[]>> chunks_ ABSL_GUARDED_BY(mu_);
-  uint32_t free_entry_ ABSL_GUARDED_BY(mu_) = kNone;  // free list head
-  uint32_t next_fresh_entry_ ABSL_GUARDED_BY(mu_) = 0;
+  // Entries by page, 4096 a chunk, each chunk made when one of its pages is
+  // first published (null before).
+  struct FreeChunk {
+    void operator()(Entry* p) const { std::free(p); }
+  };
+  using Chunk = std::unique_ptr<Entry[], FreeChunk>;
+  std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
   KeyIndex keys_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> page_entry_ ABSL_GUARDED_BY(mu_);  // per page
   // Evictable entries: coldest and hottest ends (kNone when empty).
   uint32_t coldest_ ABSL_GUARDED_BY(mu_) = kNone;
   uint32_t hottest_ ABSL_GUARDED_BY(mu_) = kNone;

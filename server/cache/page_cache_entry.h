@@ -11,15 +11,14 @@
 
 namespace hostkv {
 
-// One cached page. 104 bytes; the key is stored here only.
+// The cache's record of one page, at its page number; in use (the page is
+// cached) when key_size > 0. 96 bytes; the key is stored here only.
 struct PageCache::Entry {
   uint64_t last_use;  // clock_ at the last publish, lookup hit or release
-  uint32_t page;
-  uint32_t parent;    // entry index, or kNone
+  uint32_t parent;    // the parent's page, or kNone
   uint32_t children;  // cached entries whose parent this is
   uint32_t refs;      // references, all sessions
-  // LRU neighbours while evictable (kNone at the ends); `hotter` also links
-  // the free entries.
+  // LRU neighbours (pages) while evictable, kNone at the ends.
   uint32_t colder;
   uint32_t hotter;
   uint16_t ns;

@@ -432,6 +432,40 @@ TEST_F(PageCacheTest, CountsPerNamespaceAndInAll) {
   EXPECT_EQ(total, stats.total);
 }
 
+TEST_F(PageCacheTest, EmptyCallsChangeNothing) {
+  absl::StatusOr<std::vector<PublishResult>> r =
+      cache_->Publish("ns", {}, true, kAlice);
+  ASSERT_OK(r);
+  EXPECT_TRUE(r->empty());
+  EXPECT_EQ(0u, *cache_->Release(kAlice, {}));
+  EXPECT_TRUE(Evict(0).empty());
+  EXPECT_TRUE(Evict(10).empty());
+  EXPECT_EQ(0u, cache_->ReferencesHeldBy(kAlice));
+}
+
+// Entries live in chunks of 65,536 pages, made at a chunk's first publish.
+TEST(PageCacheChunkTest, PagesOfEveryChunkAndTheLastPartialOne) {
+  constexpr uint64_t kPages = 3 * 65536 + 5;
+  std::unique_ptr<PageCache> cache = MakeCache(kPages);
+  const std::vector<uint64_t> pages = {65535, 65536, kPages - 1, 0};
+  for (uint64_t p : pages) {
+    ASSERT_OK(cache->Publish("ns", absl::StrCat("k", p), "", p));
+  }
+  EXPECT_FALSE(cache->IsCached(2 * 65536));  // a chunk never made
+  EXPECT_FALSE(cache->IsCached(kPages));
+  EXPECT_EQ(0u, cache->References(2 * 65536 + 1));
+  EXPECT_EQ(4u, cache->cached_pages());
+  absl::StatusOr<LookupResult> r = cache->Lookup(
+      "ns", {"k65535", "k65536", absl::StrCat("k", kPages - 1), "k0"}, true,
+      kAlice);
+  ASSERT_OK(r);
+  EXPECT_EQ(pages, r->pages);
+  EXPECT_OK(cache->CheckConsistency());
+  EXPECT_EQ(4u, cache->ReleaseAll(kAlice));
+  EXPECT_EQ(4u, cache->Evict(10).size());
+  EXPECT_OK(cache->CheckConsistency());
+}
+
 TEST(PageCacheNamespaceTest, NamespacesRunOutWithResourceExhausted) {
   std::unique_ptr<PageCache> cache = MakeCache(kMaxCacheNamespaces + 1);
   for (uint64_t i = 0; i < kMaxCacheNamespaces; ++i) {

@@ -1,5 +1,5 @@
-// PageCache::CheckConsistency: every structure recomputed from the entries
-// and compared with what the cache keeps incrementally.
+// PageCache: counters, and CheckConsistency (every structure recomputed
+// from the entries and compared with what the cache keeps incrementally).
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
@@ -29,30 +29,61 @@ absl::Status CompareCounters(const std::string& what, const CacheCounters& want,
 
 }  // namespace
 
+uint64_t PageCache::cached_pages() const {
+  absl::MutexLock lock(&mu_);
+  return total_.cached;
+}
+
+uint64_t PageCache::referenced_pages() const {
+  absl::MutexLock lock(&mu_);
+  return total_.referenced;
+}
+
+uint64_t PageCache::evictable_pages() const {
+  absl::MutexLock lock(&mu_);
+  return total_.evictable;
+}
+
+CacheStats PageCache::Stats() const {
+  absl::MutexLock lock(&mu_);
+  CacheStats stats;
+  stats.total = total_;
+  stats.namespaces.reserve(namespaces_.size());
+  for (const Namespace& n : namespaces_) {
+    stats.namespaces.push_back({n.name, n.counters});
+  }
+  return stats;
+}
+
+CacheCounters PageCache::CountersOf(absl::string_view name_space) const {
+  absl::MutexLock lock(&mu_);
+  auto it = namespace_ids_.find(name_space);
+  return it == namespace_ids_.end() ? CacheCounters{}
+                                    : namespaces_[it->second].counters;
+}
+
 absl::Status PageCache::CheckConsistency() const {
   absl::MutexLock lock(&mu_);
   return CheckConsistencyLocked();
 }
 
 absl::Status PageCache::CheckConsistencyLocked() const {
-  // Entries in use are exactly the key index's.
+  // Entries in use (key_size > 0) are exactly the key index's.
   std::vector<CacheCounters> per_ns(namespaces_.size());
   absl::flat_hash_map<uint32_t, uint32_t> children;
-  uint64_t refs = 0;
-  auto in_use = [&](uint32_t index) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return index < next_fresh_entry_ && At(index).page < num_pages_ &&
-           page_entry_[At(index).page] == index;
-  };
-  for (uint32_t index : keys_) {
-    if (!in_use(index)) return Broken("entry ", index, " not indexed by page");
-    const Entry& e = At(index);
-    if (e.ns >= namespaces_.size()) return Broken("entry ", index, " ns");
-    if (FindLocked(e.ns, e.Key()) != index) {
-      return Broken("entry ", index, " not found by its key");
+  uint64_t in_use = 0, refs = 0;
+  for (uint64_t p = 0; p < num_pages_; ++p) {
+    if (!CachedLocked(p)) continue;
+    const auto page = static_cast<uint32_t>(p);
+    const Entry& e = At(page);
+    ++in_use;
+    if (e.ns >= namespaces_.size()) return Broken("page ", page, " ns");
+    if (FindLocked(KeyRef{e.ns, e.Key(), HashOf(e.ns, e.Key())}) != page) {
+      return Broken("page ", page, " not found by its key");
     }
     if (e.parent != kNone) {
-      if (!in_use(e.parent) || At(e.parent).ns != e.ns) {
-        return Broken("entry ", index, " has a stale parent ", e.parent);
+      if (!CachedLocked(e.parent) || At(e.parent).ns != e.ns) {
+        return Broken("page ", page, " has a stale parent ", e.parent);
       }
       ++children[e.parent];
     }
@@ -62,16 +93,15 @@ absl::Status PageCache::CheckConsistencyLocked() const {
     if (Evictable(e)) ++c.evictable;
     refs += e.refs;
   }
-  uint64_t indexed_pages = 0;
-  for (uint32_t index : page_entry_) indexed_pages += index != kNone;
-  if (indexed_pages != keys_.size()) {
-    return Broken(indexed_pages, " pages indexed, ", keys_.size(), " keys");
+  if (in_use != keys_.size()) {
+    return Broken(in_use, " entries in use, ", keys_.size(), " keys");
   }
-  for (uint32_t index : keys_) {
-    auto it = children.find(index);
+  for (uint32_t page : keys_) {
+    if (!CachedLocked(page)) return Broken("key of free page ", page);
+    auto it = children.find(page);
     const uint32_t want = it == children.end() ? 0 : it->second;
-    if (At(index).children != want) {
-      return Broken("entry ", index, " counts ", At(index).children,
+    if (At(page).children != want) {
+      return Broken("page ", page, " counts ", At(page).children,
                     " children, has ", want);
     }
   }
@@ -79,39 +109,39 @@ absl::Status PageCache::CheckConsistencyLocked() const {
   // The LRU list: exactly the evictable entries, links both ways.
   uint64_t listed = 0;
   uint32_t prev = kNone;
-  for (uint32_t index = coldest_; index != kNone; index = At(index).hotter) {
-    if (++listed > keys_.size() || !in_use(index)) {
-      return Broken("LRU list runs through a free entry or loops");
+  for (uint32_t page = coldest_; page != kNone; page = At(page).hotter) {
+    if (++listed > in_use || !CachedLocked(page)) {
+      return Broken("LRU list runs through a free page or loops");
     }
-    const Entry& e = At(index);
-    if (e.colder != prev) return Broken("LRU entry ", index, " colder link");
-    if (!Evictable(e)) return Broken("LRU entry ", index, " not evictable");
-    prev = index;
+    const Entry& e = At(page);
+    if (e.colder != prev) return Broken("LRU page ", page, " colder link");
+    if (!Evictable(e)) return Broken("LRU page ", page, " not evictable");
+    prev = page;
   }
   if (prev != hottest_) return Broken("LRU hot end");
   if (listed != total_.evictable) {
-    return Broken(listed, " entries listed, ", total_.evictable, " evictable");
+    return Broken(listed, " pages listed, ", total_.evictable, " evictable");
   }
 
-  // References: per session, and their sums per entry.
+  // References: per session, and their sums per page.
   absl::flat_hash_map<uint32_t, uint64_t> held_refs;
   for (const auto& [session, held] : refs_) {
     uint64_t sum = 0;
-    for (const auto& [index, count] : held.by_entry) {
-      if (count == 0 || !in_use(index)) {
+    for (const auto& [page, count] : held.by_page) {
+      if (count == 0 || !CachedLocked(page)) {
         return Broken("session ", session, " holds a bad reference");
       }
       sum += count;
-      held_refs[index] += count;
+      held_refs[page] += count;
     }
     if (sum != held.total || sum == 0) {
       return Broken("session ", session, " total ", held.total, " vs ", sum);
     }
   }
-  for (uint32_t index : keys_) {
-    auto it = held_refs.find(index);
-    if ((it == held_refs.end() ? 0 : it->second) != At(index).refs) {
-      return Broken("entry ", index, " refs differ from the sessions'");
+  for (uint32_t page : keys_) {
+    auto it = held_refs.find(page);
+    if ((it == held_refs.end() ? 0 : it->second) != At(page).refs) {
+      return Broken("page ", page, " refs differ from the sessions'");
     }
   }
   if (refs != total_refs_) return Broken("total references");
@@ -135,18 +165,7 @@ absl::Status PageCache::CheckConsistencyLocked() const {
     sum.conflicts += have.conflicts;
   }
   sum.misses += unknown_namespace_misses_;
-  RETURN_IF_ERROR(CompareCounters("total", sum, total_));
-
-  // Free entries: the rest of those ever made.
-  uint64_t free_entries = 0;
-  for (uint32_t index = free_entry_; index != kNone; index = At(index).hotter) {
-    if (++free_entries > next_fresh_entry_) return Broken("free list loops");
-  }
-  if (free_entries + keys_.size() != next_fresh_entry_) {
-    return Broken(free_entries, " free + ", keys_.size(), " used entries of ",
-                  next_fresh_entry_);
-  }
-  return absl::OkStatus();
+  return CompareCounters("total", sum, total_);
 }
 
 }  // namespace hostkv
