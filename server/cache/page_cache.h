@@ -150,7 +150,8 @@ class PageCache {
   // namespace outside 1..128 bytes, a key outside 1..64, a parent key above
   // 64, a page outside the pool, or acquire with kNoOwner;
   // ResourceExhausted if the namespace is new and kMaxCacheNamespaces are
-  // taken, or if a reference count would overflow.
+  // taken, or with acquire when the cache could come to hold more than
+  // 2^32 - 1 references in all (checked against items.size()).
   absl::StatusOr<std::vector<PublishResult>> Publish(
       absl::string_view name_space, absl::Span<const PublishItem> items,
       bool acquire, OwnerTag session) ABSL_LOCKS_EXCLUDED(mu_);
@@ -165,7 +166,8 @@ class PageCache {
   // listed twice, two). Counts hits and misses; touches every hit. All or
   // nothing: InvalidArgument, changing nothing (counters included), for a
   // namespace outside 1..128 bytes, a key outside 1..64 or acquire with
-  // kNoOwner; ResourceExhausted if a reference count would overflow.
+  // kNoOwner; ResourceExhausted with acquire when the cache would hold more
+  // than 2^32 - 1 references in all.
   absl::StatusOr<LookupResult> Lookup(absl::string_view name_space,
                                       absl::Span<const absl::string_view> keys,
                                       bool acquire, OwnerTag session)
