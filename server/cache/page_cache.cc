@@ -122,15 +122,26 @@ void PageCache::EnsureChunk(uint32_t page) {
       std::min<uint64_t>(kChunkMask + 1, num_pages_ - first);
   // Zeroed: key_size 0, nothing cached.
   chunk.reset(static_cast<Entry*>(AllocateMaybeHuge(entries * sizeof(Entry))));
+  chunk_bytes_ += AllocatedSize(entries * sizeof(Entry));
+}
+
+namespace {
+constexpr size_t kHugePage = size_t{2} << 20;
+size_t AlignmentFor(size_t bytes) {
+  return bytes >= kHugePage ? kHugePage : 64;
+}
+}  // namespace
+
+size_t PageCache::AllocatedSize(size_t bytes) {
+  const size_t align = AlignmentFor(bytes);
+  return (bytes + align - 1) / align * align;
 }
 
 void* PageCache::AllocateMaybeHuge(size_t bytes) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t align = bytes >= kHuge ? kHuge : 64;
-  const size_t size = (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, size);
+  const size_t size = AllocatedSize(bytes);
+  void* p = std::aligned_alloc(AlignmentFor(bytes), size);
   if (p == nullptr) throw std::bad_alloc();
-  if (align == kHuge) madvise(p, size, MADV_HUGEPAGE);  // a hint; may fail
+  if (size >= kHugePage) madvise(p, size, MADV_HUGEPAGE);  // a hint
   std::memset(p, 0, size);
   return p;
 }

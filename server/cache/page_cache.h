@@ -204,6 +204,11 @@ class PageCache {
   // References `session` holds, on all pages.
   uint64_t ReferencesHeldBy(OwnerTag session) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Bytes the cache has allocated: entry chunks, the key index, the
+  // sessions' reference maps (their slots; not the namespaces' names).
+  // What a memory budget should count for it.
+  uint64_t MemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
   CacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // One namespace's counters (zeros if nothing was ever published in it).
   CacheCounters CountersOf(absl::string_view name_space) const
@@ -256,6 +261,8 @@ class PageCache {
   };
   // Zeroed; on huge pages from 2 MiB. Throws std::bad_alloc as new does.
   static void* AllocateMaybeHuge(size_t bytes);
+  // What AllocateMaybeHuge allocates for `bytes`.
+  static size_t AllocatedSize(size_t bytes);
   using KeyIndex = absl::flat_hash_set<uint32_t, KeyHash, KeyEq,
                                        HugePageAllocator<uint32_t>>;
   // A session's references: page -> count (> 0, except inside Release),
@@ -348,6 +355,7 @@ class PageCache {
   };
   using Chunk = std::unique_ptr<Entry[], FreeChunk>;
   std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
+  uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // allocated, in all
   KeyIndex keys_ ABSL_GUARDED_BY(mu_);
   // Evictable entries: coldest and hottest ends (kNone when empty).
   uint32_t coldest_ ABSL_GUARDED_BY(mu_) = kNone;

@@ -44,6 +44,18 @@ uint64_t PageCache::evictable_pages() const {
   return total_.evictable;
 }
 
+uint64_t PageCache::MemoryBytes() const {
+  absl::MutexLock lock(&mu_);
+  // A SwissTable slot plus its control byte, and a group of cloned bytes.
+  const uint64_t index =
+      AllocatedSize(keys_.capacity() * (sizeof(uint32_t) + 1) + 16);
+  uint64_t refs = 0;
+  for (const auto& [session, held] : refs_) {
+    refs += held.by_page.capacity() * (2 * sizeof(uint32_t) + 1) + 16;
+  }
+  return chunk_bytes_ + index + refs + chunks_.capacity() * sizeof(Chunk);
+}
+
 CacheStats PageCache::Stats() const {
   absl::MutexLock lock(&mu_);
   CacheStats stats;

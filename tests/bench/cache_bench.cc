@@ -10,13 +10,10 @@
 //    Evict call as an Alloc would; beside the cost at 10^3 (flatness) and an
 //    erase from an absl::flat_hash_map of as many 32-byte keys, in random
 //    order.
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -59,13 +56,6 @@ absl::string_view View(const Key& k) { return {k.data(), k.size()}; }
 std::string PoolLabel(uint64_t pages) {
   const int exp = static_cast<int>(std::lround(std::log10(pages)));
   return absl::StrCat("10^", exp, " pages");
-}
-
-uint64_t RssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
 std::unique_ptr<PageCache> MustCreate(uint64_t pages) {
@@ -136,29 +126,16 @@ void ShuffleLru(PageCache& cache, uint64_t n, uint64_t chain,
 
 struct EvictCost {
   double ns_per_page = 0;
-  double bytes_per_page = 0;  // RSS growth while building, per cached page
+  double bytes_per_page = 0;  // PageCache::MemoryBytes() per page, all cached
 };
-
-// What PageCache allocates for a pool of n pages, all cached (see its class
-// comment): 96-byte entries, and the key index reserved for n + n/8 + 1
-// keys (absl's capacity: 2^k - 1 >= 8/7 of that; 4-byte slots and 1 control
-// byte each).
-double EstimatedBytesPerPage(uint64_t n) {
-  const uint64_t want = n + n / 8 + 1;
-  const uint64_t growth = want + (want - 1) / 7;
-  uint64_t capacity = 1;
-  while (capacity < growth) capacity = capacity * 2 + 1;
-  return 96.0 + 5.0 * static_cast<double>(capacity) / n;
-}
 
 EvictCost MeasureEvict(uint64_t n, uint64_t chain, bool shuffle, int reps,
                        std::mt19937_64& rng) {
   double ns = 0, bytes = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    const double rss0 = static_cast<double>(RssBytes());
     std::unique_ptr<PageCache> cache = MustCreate(n);
     PublishRange(*cache, 0, 0, n, chain);
-    if (rep == 0) bytes = (static_cast<double>(RssBytes()) - rss0) / n;
+    if (rep == 0) bytes = static_cast<double>(cache->MemoryBytes()) / n;
     if (shuffle) ShuffleLru(*cache, n, chain, rng);
     const Clock::time_point t0 = Clock::now();
     uint64_t evicted = 0;
@@ -241,13 +218,10 @@ void RunEviction(const Options& options, Report& report, std::mt19937_64& rng) {
     }
     const std::string what = v.name;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      std::string note = absl::StrCat(
-          "1,000 pages per Evict call; memory per cached page: estimated ",
-          Num(EstimatedBytesPerPage(sizes[i])), " B");
-      if (sizes[i] >= 1000000) {
-        absl::StrAppend(&note, ", RSS growth while publishing ",
-                        Num(costs[i].bytes_per_page), " B");
-      }
+      const std::string note = absl::StrCat(
+          "1,000 pages per Evict call; PageCache::MemoryBytes() per cached "
+          "page: ",
+          Num(costs[i].bytes_per_page), " B");
       AddRow(report, what, PoolLabel(sizes[i]), "cost per page", "ns/page",
              costs[i].ns_per_page, "same, 10^3 pages", costs[0].ns_per_page,
              i == 0 ? Target::None() : kFlatTarget, note);

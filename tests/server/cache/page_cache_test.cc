@@ -443,6 +443,15 @@ TEST_F(PageCacheTest, EmptyCallsChangeNothing) {
   EXPECT_EQ(0u, cache_->ReferencesHeldBy(kAlice));
 }
 
+TEST_F(PageCacheTest, MemoryGrowsByAChunkOfEntriesAtTheFirstPublish) {
+  const uint64_t empty = cache_->MemoryBytes();
+  EXPECT_GT(empty, 0u);  // the key index, sized for every page
+  Publish("a", 1);
+  EXPECT_EQ(empty + 100 * 96, cache_->MemoryBytes());
+  Publish("b", 99);
+  EXPECT_EQ(empty + 100 * 96, cache_->MemoryBytes());
+}
+
 // Entries live in chunks of 65,536 pages, made at a chunk's first publish.
 TEST(PageCacheChunkTest, PagesOfEveryChunkAndTheLastPartialOne) {
   constexpr uint64_t kPages = 3 * 65536 + 5;
