@@ -1,4 +1,4 @@
-// Section 2: the page allocator (server/slot_allocator.h) in-process for
+// Section 2: the page allocator (server/pool/slot_allocator.h) in-process for
 // pools of 10^3 .. 10^7 pages, fresh and fragmented, beside its own cost at
 // 10^3 pages (flatness) and beside a bare free list of page numbers (what
 // SGLang's in-process HostKVCache allocator does); then through the daemon

@@ -114,6 +114,7 @@ const char* SectionTitle(const std::string& section) {
       {"copy", "3. CPU data path (in-process CpuCopyEngine)"},
       {"daemon_copy", "3b. CPU data path through the daemon"},
       {"pool_start", "4. Pool start"},
+      {"cache", "5. Page cache (in-process PageCache)"},
   };
   auto it = titles.find(section);
   return it == titles.end() ? section.c_str() : it->second;

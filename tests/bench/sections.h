@@ -54,6 +54,8 @@ void RunCopy(const Options& options, Report& report);
 void RunDaemonCopy(const Options& options, Report& report);
 // Section 4: pool creation and pre-faulting.
 void RunPoolStart(const Options& options, Report& report);
+// Section 5: in-process PageCache (lookup, publish, eviction per page).
+void RunCache(const Options& options, Report& report);
 
 // Profiling aid: starts a daemon, prints its pid, and runs one control-path
 // workload (`what`: health, alloc, free, alloc_free, load1000, register,
