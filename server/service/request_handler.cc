@@ -125,15 +125,21 @@ absl::StatusOr<AttachedSession> RequestHandler::AttachSession(
   return HandOutSignals(std::move(session));
 }
 
-absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
-    const SessionId& id, const PeerCredentials& sender, ScopedFd fd) {
+absl::StatusOr<std::shared_ptr<Session>> RequestHandler::SessionOfSender(
+    const SessionId& id, const PeerCredentials& sender, const char* refusal) const {
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
   const std::optional<PeerCredentials> peer = session->peer();
   if (!peer.has_value() || peer->uid != sender.uid) {
-    return absl::PermissionDeniedError(
-        "descriptors are taken only from the session's own peer");
+    return absl::PermissionDeniedError(refusal);
   }
+  return session;
+}
+
+absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
+    const SessionId& id, const PeerCredentials& sender, ScopedFd fd) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOfSender(id, sender, "descriptors are taken only from the session's own peer"));
   RETURN_IF_ERROR(CheckSealedMemfd(fd.get()));
   uint64_t held = 0;
   for (const std::shared_ptr<Session>& s : sessions_->List()) held += s->passed_fds();
@@ -151,13 +157,8 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
 
 absl::StatusOr<ScopedFd> RequestHandler::FetchKvWord(
     const SessionId& id, const PeerCredentials& sender, uint64_t import_id) {
-  RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
-  const std::optional<PeerCredentials> peer = session->peer();
-  if (!peer.has_value() || peer->uid != sender.uid) {
-    return absl::PermissionDeniedError(
-        "the KV-written page goes only to the session's own peer");
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOfSender(id, sender, "the KV-written page goes only to the session's own peer"));
   ASSIGN_OR_RETURN(std::shared_ptr<DeviceImport> import,
                    session->GetImport(import_id));
   if (import->gpu() == nullptr) {
@@ -170,13 +171,8 @@ absl::StatusOr<ScopedFd> RequestHandler::FetchKvWord(
 
 absl::StatusOr<PoolSegmentFd> RequestHandler::FetchPoolSegment(
     const SessionId& id, const PeerCredentials& sender, const std::string& pool_name) {
-  RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
-  const std::optional<PeerCredentials> peer = session->peer();
-  if (!peer.has_value() || peer->uid != sender.uid) {
-    return absl::PermissionDeniedError(
-        "a pool segment goes only to the session's own peer");
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOfSender(id, sender, "a pool segment goes only to the session's own peer"));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(pool_name));
   const Principal who = Principal::Of(*session);
   RETURN_IF_ERROR(CheckPoolUse(pool_name, pool->owner(), who));

@@ -157,6 +157,12 @@ class RequestHandler {
   void ExpireIdleSessions(absl::Duration lease);
 
  private:
+  // Session `id`, if `sender` is its attached peer (session-socket
+  // records); else PermissionDenied saying `refusal`. Errors of CheckServing
+  // and of the registry (NotFound).
+  absl::StatusOr<std::shared_ptr<Session>> SessionOfSender(
+      const SessionId& id, const PeerCredentials& sender,
+      const char* refusal) const;
   // Deletes the pools created with delete_with_session by `session` (which
   // has freed its pages); one still used by others stays, with a warning.
   void DeletePoolsOf(const Session& session);
