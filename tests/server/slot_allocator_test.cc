@@ -683,7 +683,9 @@ TEST(AllocatorWithPageCacheTest, ConcurrentEvictionAndReadsKeepBytesAndCounts) {
       for (const PageRun& run : *runs) {
         for (uint64_t p = run.first_page; p < run.first_page + run.num_pages;
              ++p, ++k) {
-          items.push_back({names[k], k == 0 ? "" : names[k - 1], p});
+          const absl::string_view parent =
+              k == 0 ? absl::string_view() : absl::string_view(names[k - 1]);
+          items.push_back({names[k], parent, p});
         }
       }
       absl::StatusOr<std::vector<PublishResult>> published =
