@@ -219,6 +219,8 @@ class SlotAllocator {
   absl::StatusOr<uint64_t> UncacheLocked(const std::vector<PageRun>& runs,
                                          uint64_t* pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pages in the given order as runs of consecutive numbers.
+  static std::vector<PageRun> RunsOf(const std::vector<uint64_t>& pages);
   // Adds the pins of runs (all checked).
   void PinLocked(const std::vector<PageRun>& runs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
