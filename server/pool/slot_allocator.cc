@@ -68,8 +68,8 @@ std::vector<PageRun> SlotAllocator::TakeLocked(uint64_t num_pages,
   return runs;
 }
 
-absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
-    uint64_t num_pages, OwnerTag owner) {
+absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
+                                                             OwnerTag owner) {
   if (num_pages == 0) {
     return absl::InvalidArgumentError("cannot allocate 0 pages");
   }
@@ -80,9 +80,9 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
 }
 
 absl::Status SlotAllocator::Exhausted(uint64_t requested) const {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("pool full: ", requested, " pages requested, ",
-                   free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "pool full: ", requested, " pages requested, ",
+      free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
 }
 
 void SlotAllocator::Release(uint64_t first, uint64_t count) {
@@ -115,7 +115,8 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
   mu_.Unlock();
   for (const PageRun& run : runs) scrub_(run);
   mu_.Lock();
-  for (const PageRun& run : runs) InsertFreeExtent(run.first_page, run.num_pages);
+  for (const PageRun& run : runs)
+    InsertFreeExtent(run.first_page, run.num_pages);
   free_pages_ += pages;
   scrubbing_pages_ -= pages;
   return pages;
@@ -149,9 +150,9 @@ absl::Status SlotAllocator::CheckRange(const PageRun& run) const {
   }
   if (run.first_page >= num_pages_ ||
       run.num_pages > num_pages_ - run.first_page) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pages [", run.first_page, ", +", run.num_pages,
-        ") out of range: the pool has ", num_pages_, " pages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pages [", run.first_page, ", +", run.num_pages,
+                     ") out of range: the pool has ", num_pages_, " pages"));
   }
   return absl::OkStatus();
 }
@@ -209,8 +210,8 @@ absl::Status SlotAllocator::Pin(const std::vector<PageRun>& runs,
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> SlotAllocator::HandOver(const std::vector<PageRun>& runs,
-                                     OwnerTag from, OwnerTag to) {
+absl::StatusOr<uint64_t> SlotAllocator::HandOver(
+    const std::vector<PageRun>& runs, OwnerTag from, OwnerTag to) {
   if (absl::Status s = CheckSessionTag(from); !s.ok()) return s;
   if (absl::Status s = CheckSessionTag(to); !s.ok()) return s;
   absl::MutexLock lock(&mu_);

@@ -168,8 +168,9 @@ class SlotAllocator {
   // Gives `from`'s pages in `runs` to `to`; returns how many moved. All or
   // nothing; errors of CheckOwnedIdle; InvalidArgument if from or to is
   // kCacheOwner (Cache and Reclaim move pages to and from the cache).
-  absl::StatusOr<uint64_t> HandOver(const std::vector<PageRun>& runs, OwnerTag from,
-                        OwnerTag to) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> HandOver(const std::vector<PageRun>& runs,
+                                    OwnerTag from, OwnerTag to)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t num_pages() const { return num_pages_; }
   uint64_t free_pages() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -230,7 +231,8 @@ class SlotAllocator {
   void InsertFreeExtent(uint64_t first, uint64_t count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pages [first, first + count) just left their owner: free, or scrubbing.
-  void Release(uint64_t first, uint64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(uint64_t first, uint64_t count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Zeroes up to max_pages pending pages with mu_ released meanwhile, then
   // makes them free; returns how many.
   uint64_t ScrubLocked(uint64_t max_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -241,14 +243,14 @@ class SlotAllocator {
   const ScrubFn scrub_;
 
   mutable absl::Mutex mu_;
-  std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);        // per page
-  std::vector<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);    // per page
+  std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);      // per page
+  std::vector<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);  // per page
   // Per page: cached, and to be freed by its last Unpin.
   std::vector<uint8_t> free_when_unpinned_ ABSL_GUARDED_BY(mu_);
   uint64_t cached_pages_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t freed_when_unpinned_pages_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
-  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;  // zeroed, in free_
+  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;            // zeroed, in free_
   std::deque<PageRun> pending_ ABSL_GUARDED_BY(mu_);  // freed, to be zeroed
   // pending_ plus the pages being zeroed now.
   uint64_t scrubbing_pages_ ABSL_GUARDED_BY(mu_) = 0;

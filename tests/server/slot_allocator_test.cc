@@ -10,13 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/cache/page_cache.h"
-
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-
 #include "gtest/gtest.h"
+#include "server/cache/page_cache.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {
@@ -44,8 +42,8 @@ TEST_F(SlotAllocatorTest, AllocatesLowestPagesAsOneRun) {
 }
 
 TEST_F(SlotAllocatorTest, ReusesHolesAndReturnsSeveralRuns) {
-  Alloc(10, kAlice);                       // [0, 10)
-  Alloc(10, kBob);                         // [10, 20)
+  Alloc(10, kAlice);  // [0, 10)
+  Alloc(10, kBob);    // [10, 20)
   ASSERT_OK(alloc_.Free({{2, 3}, {7, 2}}, kAlice));
   EXPECT_EQ((std::vector<PageRun>{{2, 3}, {7, 2}, {20, 1}}), Alloc(6, kBob));
 }
@@ -246,7 +244,8 @@ TEST_F(ScrubbingAllocatorTest, ExhaustionCountsScrubbingPagesAndIsExact) {
   ASSERT_OK(alloc_.Free({{0, 3}}, kAlice));  // 5 free + 3 scrubbing
   absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(9, kBob);
   EXPECT_ERROR(ResourceExhausted, runs);
-  EXPECT_EQ("pool full: 9 pages requested, 8 of 100 free", runs.status().message());
+  EXPECT_EQ("pool full: 9 pages requested, 8 of 100 free",
+            runs.status().message());
   EXPECT_TRUE(Scrubbed().empty());  // nothing zeroed for a refused request
   EXPECT_EQ(8u, alloc_.free_pages());
   EXPECT_OK(alloc_.Allocate(8, kBob));  // free + scrubbing suffice
@@ -381,11 +380,11 @@ TEST_F(CachedPagesTest, SessionCallsNeverMatchACachedPage) {
   ASSERT_OK(alloc_.Allocate(10, kAlice));
   ASSERT_OK(alloc_.Cache({{2, 3}}, kAlice));
   const std::vector<PageRun> cached = {{3, 1}};
-  for (absl::Status s :
-       {alloc_.CheckOwned(cached, kAlice), alloc_.CheckOwnedIdle(cached, kAlice),
-        alloc_.Free(cached, kAlice).status(),
-        alloc_.HandOver(cached, kAlice, kBob).status(),
-        alloc_.Pin(cached, kAlice)}) {
+  for (absl::Status s : {alloc_.CheckOwned(cached, kAlice),
+                         alloc_.CheckOwnedIdle(cached, kAlice),
+                         alloc_.Free(cached, kAlice).status(),
+                         alloc_.HandOver(cached, kAlice, kBob).status(),
+                         alloc_.Pin(cached, kAlice)}) {
     EXPECT_ERROR(FailedPrecondition, s);
     EXPECT_EQ(absl::StrCat("page 3 ", kCachedMessage), s.message());
   }
@@ -484,7 +483,8 @@ TEST_F(CachedPagesTest, PinForReadPinsOwnPagesAndCachedPagesTheCheckAllows) {
   EXPECT_ERROR(FailedPrecondition, s);
   EXPECT_EQ("page 4 belongs to another session", s.message());
   EXPECT_ERROR(FailedPrecondition, alloc_.PinForRead({{20, 1}}, kBob, check));
-  EXPECT_ERROR(InvalidArgument, alloc_.PinForRead({{0, 1}}, kCacheOwner, check));
+  EXPECT_ERROR(InvalidArgument,
+               alloc_.PinForRead({{0, 1}}, kCacheOwner, check));
   EXPECT_TRUE(asked.empty());
   // Own pages only: no check.
   ASSERT_OK(alloc_.PinForRead({{10, 2}}, kBob, check));
@@ -494,8 +494,8 @@ TEST_F(CachedPagesTest, PinForReadPinsOwnPagesAndCachedPagesTheCheckAllows) {
   auto refuse = [](const std::vector<PageRun>&) {
     return absl::FailedPreconditionError("no reference");
   };
-  EXPECT_ERROR(FailedPrecondition, alloc_.PinForRead({{1, 2}, {10, 1}}, kBob,
-                                                    refuse));
+  EXPECT_ERROR(FailedPrecondition,
+               alloc_.PinForRead({{1, 2}, {10, 1}}, kBob, refuse));
   EXPECT_OK(alloc_.CheckOwnedIdle({{10, 5}}, kBob));
   EXPECT_OK(alloc_.Reclaim({{1, 2}}, kBob));  // idle
   ASSERT_OK(alloc_.Cache({{1, 2}}, kBob));
