@@ -11,20 +11,22 @@ SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub)
     : num_pages_(num_pages),
       scrub_(std::move(scrub)),
       owner_(num_pages, kNoOwner),
-      in_flight_(num_pages, 0) {
+      in_flight_(num_pages, 0),
+      free_when_unpinned_(num_pages, 0) {
   if (num_pages > 0) free_.emplace(0, num_pages);
   free_pages_ = num_pages;
 }
 
-absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
-    uint64_t num_pages, OwnerTag owner) {
-  if (num_pages == 0) {
-    return absl::InvalidArgumentError("cannot allocate 0 pages");
-  }
-  absl::MutexLock lock(&mu_);
+absl::Status SlotAllocator::CheckSessionTag(OwnerTag owner) {
+  if (owner != kCacheOwner) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "owner tag kCacheOwner is the page cache's, not a session's");
+}
+
+bool SlotAllocator::MakeRoomLocked(uint64_t num_pages) {
   while (num_pages > free_pages_) {
     // Rechecked each time: others may take pages while mu_ is released.
-    if (num_pages > free_pages_ + scrubbing_pages_) return Exhausted(num_pages);
+    if (num_pages > free_pages_ + scrubbing_pages_) return false;
     if (!pending_.empty()) {
       ScrubLocked(num_pages - free_pages_);
       continue;
@@ -38,6 +40,11 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
     };
     mu_.Await(absl::Condition(&progress));
   }
+  return true;
+}
+
+std::vector<PageRun> SlotAllocator::TakeLocked(uint64_t num_pages,
+                                               OwnerTag owner) {
   std::vector<PageRun> runs;
   uint64_t left = num_pages;
   while (left > 0) {
@@ -61,10 +68,21 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
   return runs;
 }
 
+absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
+                                                             OwnerTag owner) {
+  if (num_pages == 0) {
+    return absl::InvalidArgumentError("cannot allocate 0 pages");
+  }
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (!MakeRoomLocked(num_pages)) return Exhausted(num_pages);
+  return TakeLocked(num_pages, owner);
+}
+
 absl::Status SlotAllocator::Exhausted(uint64_t requested) const {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("pool full: ", requested, " pages requested, ",
-                   free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "pool full: ", requested, " pages requested, ",
+      free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
 }
 
 void SlotAllocator::Release(uint64_t first, uint64_t count) {
@@ -97,7 +115,8 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
   mu_.Unlock();
   for (const PageRun& run : runs) scrub_(run);
   mu_.Lock();
-  for (const PageRun& run : runs) InsertFreeExtent(run.first_page, run.num_pages);
+  for (const PageRun& run : runs)
+    InsertFreeExtent(run.first_page, run.num_pages);
   free_pages_ += pages;
   scrubbing_pages_ -= pages;
   return pages;
@@ -131,9 +150,9 @@ absl::Status SlotAllocator::CheckRange(const PageRun& run) const {
   }
   if (run.first_page >= num_pages_ ||
       run.num_pages > num_pages_ - run.first_page) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pages [", run.first_page, ", +", run.num_pages,
-        ") out of range: the pool has ", num_pages_, " pages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pages [", run.first_page, ", +", run.num_pages,
+                     ") out of range: the pool has ", num_pages_, " pages"));
   }
   return absl::OkStatus();
 }
@@ -145,8 +164,11 @@ absl::Status SlotAllocator::CheckOwnedLocked(const std::vector<PageRun>& runs,
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
       if (owner_[p] != owner) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "page ", p, owner_[p] == kNoOwner ? " is not allocated"
-                                              : " belongs to another session"));
+            "page ", p,
+            owner_[p] == kNoOwner ? " is not allocated"
+            : owner_[p] == kCacheOwner
+                ? " is cached: it belongs to the page cache, not to a session"
+                : " belongs to another session"));
       }
       if (idle && in_flight_[p] != 0) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -159,39 +181,39 @@ absl::Status SlotAllocator::CheckOwnedLocked(const std::vector<PageRun>& runs,
 
 absl::Status SlotAllocator::CheckOwned(const std::vector<PageRun>& runs,
                                        OwnerTag owner) const {
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
   absl::ReaderMutexLock lock(&mu_);
   return CheckOwnedLocked(runs, owner, /*idle=*/false);
 }
 
 absl::Status SlotAllocator::CheckOwnedIdle(const std::vector<PageRun>& runs,
                                            OwnerTag owner) const {
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
   absl::ReaderMutexLock lock(&mu_);
   return CheckOwnedLocked(runs, owner, /*idle=*/true);
 }
 
-absl::Status SlotAllocator::Pin(const std::vector<PageRun>& runs,
-                                OwnerTag owner) {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckOwnedLocked(runs, owner, false); !s.ok()) return s;
+void SlotAllocator::PinLocked(const std::vector<PageRun>& runs) {
   for (const PageRun& run : runs) {
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
       ++in_flight_[p];
     }
   }
+}
+
+absl::Status SlotAllocator::Pin(const std::vector<PageRun>& runs,
+                                OwnerTag owner) {
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, owner, false); !s.ok()) return s;
+  PinLocked(runs);
   return absl::OkStatus();
 }
 
-void SlotAllocator::Unpin(const std::vector<PageRun>& runs) {
-  absl::MutexLock lock(&mu_);
-  for (const PageRun& run : runs) {
-    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
-      --in_flight_[p];
-    }
-  }
-}
-
-absl::StatusOr<uint64_t> SlotAllocator::HandOver(const std::vector<PageRun>& runs,
-                                     OwnerTag from, OwnerTag to) {
+absl::StatusOr<uint64_t> SlotAllocator::HandOver(
+    const std::vector<PageRun>& runs, OwnerTag from, OwnerTag to) {
+  if (absl::Status s = CheckSessionTag(from); !s.ok()) return s;
+  if (absl::Status s = CheckSessionTag(to); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
   if (from == to) return uint64_t{0};  // nothing moves
@@ -214,6 +236,7 @@ absl::StatusOr<uint64_t> SlotAllocator::HandOver(const std::vector<PageRun>& run
 
 absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
                                              OwnerTag owner) {
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckOwnedLocked(runs, owner, /*idle=*/true); !s.ok()) {
     return s;
@@ -318,7 +341,7 @@ absl::flat_hash_map<OwnerTag, uint64_t> SlotAllocator::UsageByOwner() const {
 
 SlotAllocator::Occupancy SlotAllocator::Snapshot() const {
   absl::MutexLock lock(&mu_);
-  return Occupancy{free_pages_ + scrubbing_pages_, usage_};
+  return Occupancy{free_pages_ + scrubbing_pages_, usage_, cached_pages_};
 }
 
 size_t SlotAllocator::free_extents() const {

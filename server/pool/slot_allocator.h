@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -29,6 +30,23 @@ struct PageRun {
 // Identifies a session inside the allocator; 0 means "free".
 using OwnerTag = uint32_t;
 inline constexpr OwnerTag kNoOwner = 0;
+// The owner of cached pages (DESIGN.md, "The page cache"): no session ever
+// gets this tag (SessionRegistry skips it as it skips kNoOwner), so nothing
+// a session does with its own tag (CheckOwned*, Pin, Free, HandOver,
+// FreeAllOwnedBy) touches a cached page. Methods taking a session's tag
+// refuse this one with InvalidArgument.
+inline constexpr OwnerTag kCacheOwner = UINT32_MAX;
+
+// Asked by Allocate for up to `needed` pages when free ones are short: takes
+// them from the page cache (PageCache::Evict) and returns their numbers;
+// Allocate frees them (as Uncache does). Called without the allocator's lock.
+using Evictor = absl::FunctionRef<std::vector<uint64_t>(uint64_t needed)>;
+// Asked by PinForRead, with the allocator's lock held, whether the caller
+// may read the cached pages `cached` (those of its request that are cached):
+// OK, or the error PinForRead returns. It may take the page cache's lock
+// (see the lock order below) and must not call the allocator.
+using CachedReadCheck =
+    absl::FunctionRef<absl::Status(const std::vector<PageRun>& cached)>;
 
 // Zeroes every byte of the pages of `run` (called without the allocator's
 // lock held; never for a page that is allocated).
@@ -45,6 +63,21 @@ using ScrubFn = std::function<void(const PageRun& run)>;
 // (free_pages, Snapshot) count scrubbing pages as free. Without a ScrubFn
 // (pages that hold no data, e.g. tests of the bookkeeping) a freed page is
 // free at once.
+//
+// Cached pages (owner kCacheOwner) are neither free nor a session's: Cache
+// moves a session's idle pages to the cache, Reclaim gives cached idle
+// pages back to a session (a publish that did not take them), Uncache frees
+// pages the page cache no longer holds (Evict returned them) through the
+// scrub path above. A cached page still read by copies in flight is not
+// freed by Uncache but marked "free when unpinned": the last Unpin frees
+// it. Loads pin cached pages with PinForRead; writes use Pin, which never
+// pins a cached page.
+//
+// Lock order: SlotAllocator's mutex, then PageCache's. The allocator calls
+// an Evictor without its mutex (the cache's is taken alone) and a
+// CachedReadCheck with it (the cache's nested inside); the page cache never
+// calls the allocator. Callers must not call the allocator while holding the
+// cache's mutex (PageCache's methods do not let them).
 // Thread-safe.
 class SlotAllocator {
  public:
@@ -55,8 +88,38 @@ class SlotAllocator {
   // fewer are free; InvalidArgument if num_pages is 0. When free pages are
   // short but scrubbing ones make up the difference, zeroes them inline (or
   // waits for the background thread zeroing them: one batch at most).
+  // InvalidArgument for owner kCacheOwner.
   absl::StatusOr<std::vector<PageRun>> Allocate(uint64_t num_pages,
                                                 OwnerTag owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Allocate, and when free pages (scrubbing ones included) are short,
+  // calls `evict` (without the lock) for the missing count, frees what it
+  // returns (those with copies in flight when unpinned, so they do not
+  // count now) and tries once more. ResourceExhausted, saying how many are
+  // free, how many were evicted and how many of those are still read, when
+  // still short (evicted pages stay freed); Internal if `evict` returned a
+  // page that is not cached here (nothing of its list is freed).
+  absl::StatusOr<std::vector<PageRun>> Allocate(uint64_t num_pages,
+                                                OwnerTag owner, Evictor evict)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Gives `from`'s idle pages in `runs` to the page cache; returns how many
+  // moved (a page listed twice, once). All or nothing; errors of
+  // CheckOwnedIdle, InvalidArgument for from == kCacheOwner.
+  absl::StatusOr<uint64_t> Cache(const std::vector<PageRun>& runs,
+                                 OwnerTag from) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives cached idle pages back to session `to` (pages the page cache did
+  // not take: a publish that found the key cached). All or nothing:
+  // InvalidArgument for a bad run or to == kCacheOwner; FailedPrecondition
+  // for a page that is not cached, freed when unpinned, or pinned.
+  absl::StatusOr<uint64_t> Reclaim(const std::vector<PageRun>& runs,
+                                   OwnerTag to) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees cached pages that the page cache gave up (Evict returned them):
+  // idle ones now (scrubbed before reuse), the others when their last pin
+  // drops. Returns how many were freed now. All or nothing: InvalidArgument
+  // for a bad run; FailedPrecondition for a page that is not cached, already
+  // freed when unpinned, or listed twice.
+  absl::StatusOr<uint64_t> Uncache(const std::vector<PageRun>& runs)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees pages owned by `owner`; returns how many. All or nothing:
@@ -76,28 +139,49 @@ class SlotAllocator {
                               OwnerTag owner) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Marks the pages as touched by one more copy in flight (they cannot be
-  // freed, read or written until Unpin). Errors of CheckOwned.
+  // freed, read or written until Unpin). Errors of CheckOwned (a cached
+  // page is never pinned here: for writes).
   // REQUIRES: no page is listed twice (callers refuse overlapping runs), so
   // the per-page count stays below the number of operations in flight.
   absl::Status Pin(const std::vector<PageRun>& runs, OwnerTag owner)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // REQUIRES: a successful Pin of the same runs.
+  // Pin for a copy that only reads (a load): pages owned by `owner`, and
+  // cached pages if `may_read_cached` (called once, with the cached pages of
+  // the request, when there are any) says OK. All or nothing: errors of
+  // CheckOwned for other pages, FailedPrecondition for a cached page freed
+  // when unpinned (evicted), the error of may_read_cached; InvalidArgument
+  // for owner kCacheOwner.
+  // REQUIRES: as Pin.
+  absl::Status PinForRead(const std::vector<PageRun>& runs, OwnerTag owner,
+                          CachedReadCheck may_read_cached)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the pages that were to be freed when unpinned and are no longer
+  // pinned.
+  // REQUIRES: a successful Pin or PinForRead of the same runs.
   void Unpin(const std::vector<PageRun>& runs) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Frees every page `owner` holds; returns how many.
+  // Frees every page `owner` holds; returns how many (0 for kCacheOwner:
+  // cached pages are freed by Uncache only).
   // REQUIRES: no copy in flight touches the owner's pages.
   uint64_t FreeAllOwnedBy(OwnerTag owner) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Gives `from`'s pages in `runs` to `to`; returns how many moved. All or
-  // nothing; errors of CheckOwnedIdle.
-  absl::StatusOr<uint64_t> HandOver(const std::vector<PageRun>& runs, OwnerTag from,
-                        OwnerTag to) ABSL_LOCKS_EXCLUDED(mu_);
+  // nothing; errors of CheckOwnedIdle; InvalidArgument if from or to is
+  // kCacheOwner (Cache and Reclaim move pages to and from the cache).
+  absl::StatusOr<uint64_t> HandOver(const std::vector<PageRun>& runs,
+                                    OwnerTag from, OwnerTag to)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t num_pages() const { return num_pages_; }
   uint64_t free_pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages per session (cached pages are no session's: see cached_pages).
   uint64_t pages_owned_by(OwnerTag owner) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::flat_hash_map<OwnerTag, uint64_t> UsageByOwner() const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages owned by the cache, those to be freed when unpinned included.
+  uint64_t cached_pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Of those, the ones Uncache left to be freed when unpinned.
+  uint64_t pages_freed_when_unpinned() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Scrubbing pages (counted in free_pages()): freed, not yet zeroed.
   uint64_t scrubbing_pages() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -109,11 +193,13 @@ class SlotAllocator {
   // Makes ScrubPending return false (now and from then on).
   void StopScrubbing() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Free pages (scrubbing ones included) and pages per owner, read
-  // together: free + the sum of the usage is num_pages().
+  // Free pages (scrubbing ones included), pages per session and cached
+  // pages, read together: free + the sum of the usage + cached is
+  // num_pages().
   struct Occupancy {
     uint64_t free_pages = 0;
     absl::flat_hash_map<OwnerTag, uint64_t> usage;
+    uint64_t cached_pages = 0;
   };
   Occupancy Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -122,13 +208,31 @@ class SlotAllocator {
 
  private:
   absl::Status CheckRange(const PageRun& run) const;
+  // InvalidArgument for a session tag that is the cache's.
+  static absl::Status CheckSessionTag(OwnerTag owner);
+  // While mu_ is released meanwhile (scrubbing), waits until num_pages are
+  // free and zeroed; false when free and scrubbing pages are too few.
+  bool MakeRoomLocked(uint64_t num_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes num_pages free zeroed pages for owner. REQUIRES: MakeRoomLocked.
+  std::vector<PageRun> TakeLocked(uint64_t num_pages, OwnerTag owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Uncache; *pinned counts the pages left to be freed when unpinned.
+  absl::StatusOr<uint64_t> UncacheLocked(const std::vector<PageRun>& runs,
+                                         uint64_t* pinned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pages in the given order as runs of consecutive numbers.
+  static std::vector<PageRun> RunsOf(const std::vector<uint64_t>& pages);
+  // Adds the pins of runs (all checked).
+  void PinLocked(const std::vector<PageRun>& runs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckOwnedLocked(const std::vector<PageRun>& runs,
                                 OwnerTag owner, bool idle) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void InsertFreeExtent(uint64_t first, uint64_t count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pages [first, first + count) just left their owner: free, or scrubbing.
-  void Release(uint64_t first, uint64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(uint64_t first, uint64_t count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Zeroes up to max_pages pending pages with mu_ released meanwhile, then
   // makes them free; returns how many.
   uint64_t ScrubLocked(uint64_t max_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -139,10 +243,14 @@ class SlotAllocator {
   const ScrubFn scrub_;
 
   mutable absl::Mutex mu_;
-  std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);        // per page
-  std::vector<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);    // per page
+  std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);      // per page
+  std::vector<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);  // per page
+  // Per page: cached, and to be freed by its last Unpin.
+  std::vector<uint8_t> free_when_unpinned_ ABSL_GUARDED_BY(mu_);
+  uint64_t cached_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t freed_when_unpinned_pages_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
-  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;  // zeroed, in free_
+  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;            // zeroed, in free_
   std::deque<PageRun> pending_ ABSL_GUARDED_BY(mu_);  // freed, to be zeroed
   // pending_ plus the pages being zeroed now.
   uint64_t scrubbing_pages_ ABSL_GUARDED_BY(mu_) = 0;

@@ -87,7 +87,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     }
     ++opening_;
     while (sessions_.contains(id)) id = NewSessionId();
-    if (++next_tag_ == kNoOwner) ++next_tag_;  // wraps after 2^32 sessions
+    do {  // wraps after 2^32 sessions, skipping the reserved tags
+      ++next_tag_;
+    } while (next_tag_ == kNoOwner || next_tag_ == kCacheOwner);
     tag = next_tag_;
   }
   auto uncount = [&] {

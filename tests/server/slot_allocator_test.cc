@@ -1,14 +1,20 @@
 #include "server/pool/slot_allocator.h"
 
 #include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-
 #include "gtest/gtest.h"
+#include "server/cache/page_cache.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {
@@ -36,8 +42,8 @@ TEST_F(SlotAllocatorTest, AllocatesLowestPagesAsOneRun) {
 }
 
 TEST_F(SlotAllocatorTest, ReusesHolesAndReturnsSeveralRuns) {
-  Alloc(10, kAlice);                       // [0, 10)
-  Alloc(10, kBob);                         // [10, 20)
+  Alloc(10, kAlice);  // [0, 10)
+  Alloc(10, kBob);    // [10, 20)
   ASSERT_OK(alloc_.Free({{2, 3}, {7, 2}}, kAlice));
   EXPECT_EQ((std::vector<PageRun>{{2, 3}, {7, 2}, {20, 1}}), Alloc(6, kBob));
 }
@@ -238,7 +244,8 @@ TEST_F(ScrubbingAllocatorTest, ExhaustionCountsScrubbingPagesAndIsExact) {
   ASSERT_OK(alloc_.Free({{0, 3}}, kAlice));  // 5 free + 3 scrubbing
   absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(9, kBob);
   EXPECT_ERROR(ResourceExhausted, runs);
-  EXPECT_EQ("pool full: 9 pages requested, 8 of 100 free", runs.status().message());
+  EXPECT_EQ("pool full: 9 pages requested, 8 of 100 free",
+            runs.status().message());
   EXPECT_TRUE(Scrubbed().empty());  // nothing zeroed for a refused request
   EXPECT_EQ(8u, alloc_.free_pages());
   EXPECT_OK(alloc_.Allocate(8, kBob));  // free + scrubbing suffice
@@ -315,6 +322,450 @@ TEST(ScrubbingAllocatorChurnTest, ConcurrentAllocFreeWithScrubberKeepsCounts) {
   scrubber.join();
   EXPECT_EQ(256u, alloc.free_pages());
   EXPECT_TRUE(alloc.UsageByOwner().empty());
+}
+
+// Cached pages: owner kCacheOwner, freed through the scrub path.
+class CachedPagesTest : public ScrubbingAllocatorTest {
+ protected:
+  // Sums of a snapshot: free + usage + cached, which must be num_pages.
+  uint64_t Accounted() {
+    const SlotAllocator::Occupancy o = alloc_.Snapshot();
+    uint64_t pages = o.free_pages + o.cached_pages;
+    for (const auto& [owner, n] : o.usage) pages += n;
+    return pages;
+  }
+  static absl::Status AllowAll(const std::vector<PageRun>&) {
+    return absl::OkStatus();
+  }
+};
+
+constexpr absl::string_view kCachedMessage =
+    "is cached: it belongs to the page cache, not to a session";
+
+TEST_F(CachedPagesTest, CacheMovesIdlePagesToTheCacheAndCountsThemApart) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  absl::StatusOr<uint64_t> moved = alloc_.Cache({{2, 3}, {3, 1}}, kAlice);
+  ASSERT_OK(moved);
+  EXPECT_EQ(3u, *moved);  // page 3 listed twice, moved once
+  EXPECT_EQ(7u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(3u, alloc_.cached_pages());
+  EXPECT_EQ(0u, alloc_.pages_owned_by(kCacheOwner));
+  EXPECT_FALSE(alloc_.UsageByOwner().contains(kCacheOwner));
+  const SlotAllocator::Occupancy o = alloc_.Snapshot();
+  EXPECT_EQ(90u, o.free_pages);
+  EXPECT_EQ(3u, o.cached_pages);
+  EXPECT_EQ(7u, o.usage.at(kAlice));
+  EXPECT_EQ(100u, Accounted());
+}
+
+TEST_F(CachedPagesTest, CacheIsAllOrNothingWithTheErrorsOfCheckOwnedIdle) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  ASSERT_OK(alloc_.Allocate(5, kBob));  // [10, 15)
+  ASSERT_OK(alloc_.Pin({{4, 1}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Cache({{0, 5}}, kAlice));  // pinned
+  EXPECT_ERROR(FailedPrecondition, alloc_.Cache({{0, 2}, {10, 1}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Cache({{20, 1}}, kAlice));  // free
+  EXPECT_ERROR(InvalidArgument, alloc_.Cache({{99, 2}}, kAlice));
+  EXPECT_ERROR(InvalidArgument, alloc_.Cache({{0, 1}}, kCacheOwner));
+  EXPECT_EQ(0u, alloc_.cached_pages());
+  EXPECT_EQ(10u, alloc_.pages_owned_by(kAlice));
+  alloc_.Unpin({{4, 1}});
+  ASSERT_OK(alloc_.Cache({{0, 10}}, kAlice));
+  EXPECT_EQ(0u, alloc_.pages_owned_by(kAlice));
+  EXPECT_FALSE(alloc_.UsageByOwner().contains(kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Cache({{0, 1}}, kAlice));  // twice
+}
+
+TEST_F(CachedPagesTest, SessionCallsNeverMatchACachedPage) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  ASSERT_OK(alloc_.Cache({{2, 3}}, kAlice));
+  const std::vector<PageRun> cached = {{3, 1}};
+  for (absl::Status s : {alloc_.CheckOwned(cached, kAlice),
+                         alloc_.CheckOwnedIdle(cached, kAlice),
+                         alloc_.Free(cached, kAlice).status(),
+                         alloc_.HandOver(cached, kAlice, kBob).status(),
+                         alloc_.Pin(cached, kAlice)}) {
+    EXPECT_ERROR(FailedPrecondition, s);
+    EXPECT_EQ(absl::StrCat("page 3 ", kCachedMessage), s.message());
+  }
+  // kCacheOwner is no session's tag.
+  EXPECT_ERROR(InvalidArgument, alloc_.Allocate(1, kCacheOwner));
+  EXPECT_ERROR(InvalidArgument, alloc_.CheckOwned(cached, kCacheOwner));
+  EXPECT_ERROR(InvalidArgument, alloc_.Pin(cached, kCacheOwner));
+  EXPECT_ERROR(InvalidArgument, alloc_.Free(cached, kCacheOwner));
+  EXPECT_ERROR(InvalidArgument, alloc_.HandOver({{0, 1}}, kAlice, kCacheOwner));
+  EXPECT_ERROR(InvalidArgument, alloc_.HandOver(cached, kCacheOwner, kBob));
+  EXPECT_EQ(0u, alloc_.FreeAllOwnedBy(kCacheOwner));
+  EXPECT_EQ(7u, alloc_.FreeAllOwnedBy(kAlice));
+  EXPECT_EQ(3u, alloc_.cached_pages());
+  EXPECT_EQ(97u, alloc_.free_pages());
+  EXPECT_EQ(100u, Accounted());
+}
+
+TEST_F(CachedPagesTest, UncacheOfIdlePagesScrubsThemBeforeReuse) {
+  ASSERT_OK(alloc_.Allocate(100, kAlice));
+  ASSERT_OK(alloc_.Cache({{0, 4}, {10, 2}}, kAlice));
+  absl::StatusOr<uint64_t> freed = alloc_.Uncache({{10, 2}, {0, 4}});
+  ASSERT_OK(freed);
+  EXPECT_EQ(6u, *freed);
+  EXPECT_EQ(0u, alloc_.cached_pages());
+  EXPECT_EQ(6u, alloc_.scrubbing_pages());
+  EXPECT_EQ(6u, alloc_.free_pages());
+  EXPECT_TRUE(Scrubbed().empty());  // zeroed when needed, not by Uncache
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(6, kBob);
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<PageRun>{{0, 4}, {10, 2}}), *runs);
+  EXPECT_EQ((std::vector<PageRun>{{0, 4}, {10, 2}}), Scrubbed());
+  EXPECT_EQ(100u, Accounted());
+}
+
+TEST_F(CachedPagesTest, UncacheIsAllOrNothing) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  ASSERT_OK(alloc_.Cache({{0, 4}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Uncache({{0, 5}}));   // 4: Alice's
+  EXPECT_ERROR(FailedPrecondition, alloc_.Uncache({{50, 1}}));  // free
+  EXPECT_ERROR(FailedPrecondition, alloc_.Uncache({{0, 2}, {1, 1}}));  // twice
+  EXPECT_ERROR(InvalidArgument, alloc_.Uncache({{0, 0}}));
+  EXPECT_ERROR(InvalidArgument, alloc_.Uncache({{99, 5}}));
+  EXPECT_EQ(4u, alloc_.cached_pages());
+  EXPECT_EQ(90u, alloc_.free_pages());
+}
+
+TEST_F(CachedPagesTest, UncacheOfAPageBeingReadFreesItAtItsLastUnpin) {
+  ASSERT_OK(alloc_.Allocate(100, kAlice));
+  ASSERT_OK(alloc_.Cache({{0, 4}}, kAlice));
+  ASSERT_OK(alloc_.PinForRead({{1, 2}}, kBob, AllowAll));  // two loads
+  ASSERT_OK(alloc_.PinForRead({{2, 1}}, kBob, AllowAll));
+  absl::StatusOr<uint64_t> freed = alloc_.Uncache({{0, 4}});
+  ASSERT_OK(freed);
+  EXPECT_EQ(2u, *freed);  // 0 and 3 now
+  EXPECT_EQ(2u, alloc_.cached_pages());
+  EXPECT_EQ(2u, alloc_.pages_freed_when_unpinned());
+  EXPECT_EQ(2u, alloc_.free_pages());
+  EXPECT_EQ(100u, Accounted());
+  // Evicted: no new reader, no way back, no second free.
+  absl::Status pin = alloc_.PinForRead({{1, 1}}, kBob, AllowAll);
+  EXPECT_ERROR(FailedPrecondition, pin);
+  EXPECT_NE(std::string::npos, pin.message().find("evicted"));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Reclaim({{1, 1}}, kBob));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Uncache({{1, 1}}));
+
+  alloc_.Unpin({{1, 2}});  // page 1 done, page 2 still read
+  EXPECT_EQ(1u, alloc_.cached_pages());
+  EXPECT_EQ(1u, alloc_.pages_freed_when_unpinned());
+  EXPECT_EQ(3u, alloc_.free_pages());
+  alloc_.Unpin({{2, 1}});
+  EXPECT_EQ(0u, alloc_.cached_pages());
+  EXPECT_EQ(0u, alloc_.pages_freed_when_unpinned());
+  EXPECT_EQ(4u, alloc_.scrubbing_pages());
+  EXPECT_TRUE(Scrubbed().empty());
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(4, kBob);
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<PageRun>{{0, 4}}), *runs);
+  EXPECT_EQ(4u, [&] {
+    uint64_t n = 0;
+    for (const PageRun& r : Scrubbed()) n += r.num_pages;
+    return n;
+  }());  // all four zeroed before reuse
+}
+
+TEST_F(CachedPagesTest, PinForReadPinsOwnPagesAndCachedPagesTheCheckAllows) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));  // [0, 10)
+  ASSERT_OK(alloc_.Allocate(5, kBob));     // [10, 15)
+  ASSERT_OK(alloc_.Cache({{0, 4}}, kAlice));
+  std::vector<std::vector<PageRun>> asked;
+  auto check = [&](const std::vector<PageRun>& cached) {
+    asked.push_back(cached);
+    return absl::OkStatus();
+  };
+  // Alice's page 4 is not Bob's to read: refused before the check.
+  absl::Status s = alloc_.PinForRead({{0, 5}}, kBob, check);
+  EXPECT_ERROR(FailedPrecondition, s);
+  EXPECT_EQ("page 4 belongs to another session", s.message());
+  EXPECT_ERROR(FailedPrecondition, alloc_.PinForRead({{20, 1}}, kBob, check));
+  EXPECT_ERROR(InvalidArgument,
+               alloc_.PinForRead({{0, 1}}, kCacheOwner, check));
+  EXPECT_TRUE(asked.empty());
+  // Own pages only: no check.
+  ASSERT_OK(alloc_.PinForRead({{10, 2}}, kBob, check));
+  EXPECT_TRUE(asked.empty());
+  alloc_.Unpin({{10, 2}});
+  // The check refuses: its error, nothing pinned.
+  auto refuse = [](const std::vector<PageRun>&) {
+    return absl::FailedPreconditionError("no reference");
+  };
+  EXPECT_ERROR(FailedPrecondition,
+               alloc_.PinForRead({{1, 2}, {10, 1}}, kBob, refuse));
+  EXPECT_OK(alloc_.CheckOwnedIdle({{10, 5}}, kBob));
+  EXPECT_OK(alloc_.Reclaim({{1, 2}}, kBob));  // idle
+  ASSERT_OK(alloc_.Cache({{1, 2}}, kBob));
+  // Allowed: cached and own pages pinned together, the check asked once.
+  ASSERT_OK(alloc_.PinForRead({{2, 2}, {10, 1}, {0, 1}}, kBob, check));
+  EXPECT_EQ((std::vector<std::vector<PageRun>>{{{2, 2}, {0, 1}}}), asked);
+  EXPECT_ERROR(FailedPrecondition, alloc_.CheckOwnedIdle({{10, 1}}, kBob));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Reclaim({{2, 1}}, kBob));  // pinned
+  // A write pin never takes a cached page, even with the reader's tag.
+  EXPECT_ERROR(FailedPrecondition, alloc_.Pin({{2, 1}}, kBob));
+  alloc_.Unpin({{2, 2}, {10, 1}, {0, 1}});
+  EXPECT_OK(alloc_.CheckOwnedIdle({{10, 5}}, kBob));
+  EXPECT_EQ(4u, alloc_.cached_pages());
+}
+
+TEST_F(CachedPagesTest, ReclaimGivesIdleCachedPagesToASession) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  ASSERT_OK(alloc_.Cache({{0, 4}}, kAlice));
+  EXPECT_ERROR(FailedPrecondition, alloc_.Reclaim({{3, 2}}, kBob));  // 4
+  EXPECT_ERROR(InvalidArgument, alloc_.Reclaim({{0, 1}}, kCacheOwner));
+  absl::StatusOr<uint64_t> moved = alloc_.Reclaim({{0, 2}, {1, 1}}, kBob);
+  ASSERT_OK(moved);
+  EXPECT_EQ(2u, *moved);
+  EXPECT_EQ(2u, alloc_.pages_owned_by(kBob));
+  EXPECT_EQ(2u, alloc_.cached_pages());
+  EXPECT_EQ(2u, alloc_.FreeAllOwnedBy(kBob));
+  EXPECT_EQ(100u, Accounted());
+}
+
+// An evictor that hands out given pages and records what it was asked.
+struct FakeEvictor {
+  std::vector<uint64_t> pages;
+  std::vector<uint64_t> asked;
+  std::vector<uint64_t> operator()(uint64_t needed) {
+    asked.push_back(needed);
+    std::vector<uint64_t> out;
+    while (!pages.empty() && out.size() < needed) {
+      out.push_back(pages.front());
+      pages.erase(pages.begin());
+    }
+    return out;
+  }
+};
+
+TEST_F(SlotAllocatorTest, AllocateWithAnEvictorFreesWhatItEvictsAndRetries) {
+  Alloc(100, kAlice);
+  ASSERT_OK(alloc_.Cache({{0, 10}}, kAlice));
+  FakeEvictor evictor{{5, 6, 2, 9}, {}};
+  absl::StatusOr<std::vector<PageRun>> runs =
+      alloc_.Allocate(3, kBob, std::ref(evictor));
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<uint64_t>{3}), evictor.asked);
+  EXPECT_EQ((std::vector<PageRun>{{2, 1}, {5, 2}}), *runs);
+  EXPECT_EQ(7u, alloc_.cached_pages());
+  EXPECT_EQ(3u, alloc_.pages_owned_by(kBob));
+  EXPECT_EQ(0u, alloc_.free_pages());
+}
+
+TEST_F(SlotAllocatorTest, AllocateWithAnEvictorDoesNotEvictWhenPagesAreFree) {
+  Alloc(90, kAlice);
+  ASSERT_OK(alloc_.Cache({{0, 10}}, kAlice));
+  FakeEvictor evictor{{0, 1}, {}};
+  ASSERT_OK(alloc_.Allocate(10, kBob, std::ref(evictor)));
+  EXPECT_TRUE(evictor.asked.empty());
+  EXPECT_EQ(10u, alloc_.cached_pages());
+  EXPECT_ERROR(InvalidArgument, alloc_.Allocate(0, kBob, std::ref(evictor)));
+  EXPECT_ERROR(InvalidArgument,
+               alloc_.Allocate(1, kCacheOwner, std::ref(evictor)));
+  EXPECT_TRUE(evictor.asked.empty());
+}
+
+TEST_F(SlotAllocatorTest, AllocateWithAnEvictorStillShortIsExhausted) {
+  Alloc(98, kAlice);  // 2 free
+  ASSERT_OK(alloc_.Cache({{0, 10}}, kAlice));
+  ASSERT_OK(alloc_.PinForRead({{4, 1}}, kBob, [](const std::vector<PageRun>&) {
+    return absl::OkStatus();
+  }));
+  FakeEvictor evictor{{3, 4}, {}};  // 4 is still read
+  absl::StatusOr<std::vector<PageRun>> runs =
+      alloc_.Allocate(5, kBob, std::ref(evictor));
+  EXPECT_ERROR(ResourceExhausted, runs);
+  EXPECT_EQ((std::vector<uint64_t>{3}), evictor.asked);
+  EXPECT_EQ(
+      "pool full: 5 pages requested, 3 of 100 free after evicting 2 of the 3 "
+      "pages missing from the page cache (1 of them still read by copies in "
+      "flight); 9 pages stay cached",
+      runs.status().message());
+  // What was evicted stays freed (page 4 once unpinned); nothing was taken.
+  EXPECT_EQ(3u, alloc_.free_pages());
+  EXPECT_EQ(0u, alloc_.pages_owned_by(kBob));
+  alloc_.Unpin({{4, 1}});
+  EXPECT_EQ(4u, alloc_.free_pages());
+  EXPECT_EQ(8u, alloc_.cached_pages());
+  // With no evictor the behaviour (and message) is the old one.
+  runs = alloc_.Allocate(5, kBob);
+  EXPECT_EQ("pool full: 5 pages requested, 4 of 100 free",
+            runs.status().message());
+}
+
+TEST_F(SlotAllocatorTest, AnEvictorReturningAnUncachedPageIsInternal) {
+  Alloc(100, kAlice);
+  ASSERT_OK(alloc_.Cache({{0, 10}}, kAlice));
+  FakeEvictor evictor{{1, 50}, {}};  // 50 is Alice's
+  EXPECT_ERROR(Internal, alloc_.Allocate(2, kBob, std::ref(evictor)));
+  EXPECT_EQ(10u, alloc_.cached_pages());  // nothing of the list freed
+  EXPECT_EQ(0u, alloc_.free_pages());
+}
+
+constexpr absl::string_view kNs = "ns";
+
+TEST(AllocatorWithPageCacheTest, AllocateEvictsTheColdestUnreferencedPages) {
+  absl::StatusOr<std::unique_ptr<PageCache>> cache = PageCache::Create(8);
+  ASSERT_OK(cache);
+  SlotAllocator alloc(8);
+  ASSERT_OK(alloc.Allocate(8, kAlice));
+  ASSERT_OK(alloc.Cache({{0, 8}}, kAlice));  // before Publish: see Reclaim
+  for (uint64_t p = 0; p < 8; ++p) {
+    ASSERT_OK((*cache)->Publish(kNs, absl::StrCat("k", p), "", p));
+  }
+  const absl::string_view k0 = "k0";
+  ASSERT_OK((*cache)->Lookup(kNs, {&k0, 1}, /*acquire=*/true, kBob));
+  auto evict = [&](uint64_t needed) { return (*cache)->Evict(needed); };
+  absl::StatusOr<std::vector<PageRun>> runs = alloc.Allocate(3, kBob, evict);
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<PageRun>{{1, 3}}), *runs);  // 0 is referenced
+  EXPECT_EQ(5u, (*cache)->cached_pages());
+  EXPECT_EQ(5u, alloc.cached_pages());
+  EXPECT_FALSE((*cache)->IsCached(1));
+  EXPECT_TRUE((*cache)->IsCached(0));
+}
+
+// Many threads: publishers allocate (evicting through a real PageCache),
+// write, cache and publish pages; readers look keys up with a reference,
+// pin the pages for reading and check their bytes, dropping the reference
+// before or after the pin so that pages are evicted while read.
+TEST(AllocatorWithPageCacheTest, ConcurrentEvictionAndReadsKeepBytesAndCounts) {
+  constexpr uint64_t kPages = 48;
+  constexpr size_t kPageBytes = 16;
+  constexpr int kPublishers = 2;
+  constexpr int kReaders = 3;
+  constexpr int kRounds = 300;
+  std::vector<uint8_t> bytes(kPages * kPageBytes, 0);
+  auto zero = [&](const PageRun& run) {
+    std::memset(bytes.data() + run.first_page * kPageBytes, 0,
+                run.num_pages * kPageBytes);
+  };
+  SlotAllocator alloc(kPages, zero);
+  absl::StatusOr<std::unique_ptr<PageCache>> created =
+      PageCache::Create(kPages);
+  ASSERT_OK(created);
+  PageCache& cache = **created;
+  auto evict = [&](uint64_t needed) { return cache.Evict(needed); };
+
+  absl::Mutex keys_mu;
+  std::vector<std::pair<std::string, uint8_t>> keys;  // guarded by keys_mu
+  std::atomic<int> publishers_left{kPublishers};
+  std::atomic<uint64_t> exhausted{0}, reads{0};
+
+  auto publisher = [&](int t) {
+    const OwnerTag tag = 100 + t;
+    std::mt19937 rng(t);
+    for (int i = 0; i < kRounds; ++i) {
+      const uint64_t n = 1 + rng() % 3;
+      absl::StatusOr<std::vector<PageRun>> runs = alloc.Allocate(n, tag, evict);
+      if (!runs.ok()) {
+        EXPECT_ERROR(ResourceExhausted, runs);
+        ++exhausted;
+        continue;
+      }
+      std::vector<std::string> names;
+      std::vector<PublishItem> items;
+      const uint8_t value = static_cast<uint8_t>(1 + (t * kRounds + i) % 255);
+      for (const PageRun& run : *runs) {
+        for (uint64_t p = run.first_page; p < run.first_page + run.num_pages;
+             ++p) {
+          for (size_t b = 0; b < kPageBytes; ++b) {
+            EXPECT_EQ(0, bytes[p * kPageBytes + b]);  // scrubbed
+            bytes[p * kPageBytes + b] = value;
+          }
+          names.push_back(absl::StrCat("t", t, "-", i, "-", p));
+        }
+      }
+      ASSERT_OK(alloc.Cache(*runs, tag));
+      size_t k = 0;
+      for (const PageRun& run : *runs) {
+        for (uint64_t p = run.first_page; p < run.first_page + run.num_pages;
+             ++p, ++k) {
+          const absl::string_view parent =
+              k == 0 ? absl::string_view() : absl::string_view(names[k - 1]);
+          items.push_back({names[k], parent, p});
+        }
+      }
+      absl::StatusOr<std::vector<PublishResult>> published =
+          cache.Publish(kNs, items, /*acquire=*/false, tag);
+      ASSERT_OK(published);
+      for (const PublishResult& r : *published) {
+        EXPECT_EQ(PublishOutcome::kCached, r.outcome);
+      }
+      absl::MutexLock lock(&keys_mu);
+      for (const std::string& name : names) keys.emplace_back(name, value);
+    }
+    --publishers_left;
+  };
+
+  auto reader = [&](int r) {
+    const OwnerTag tag = 200 + r;
+    std::mt19937 rng(1000 + r);
+    auto held = [&](const std::vector<PageRun>& cached) {
+      for (const PageRun& run : cached) {
+        for (uint64_t p = run.first_page; p < run.first_page + run.num_pages;
+             ++p) {
+          if (cache.References(p) == 0) {
+            return absl::FailedPreconditionError("no reference");
+          }
+        }
+      }
+      return absl::OkStatus();
+    };
+    for (int i = 0; publishers_left.load() > 0 || i < kRounds; ++i) {
+      std::pair<std::string, uint8_t> key;
+      {
+        absl::MutexLock lock(&keys_mu);
+        if (keys.empty()) continue;
+        key = keys[rng() % keys.size()];
+      }
+      const absl::string_view name = key.first;
+      absl::StatusOr<LookupResult> found =
+          cache.Lookup(kNs, {&name, 1}, /*acquire=*/true, tag);
+      ASSERT_OK(found);
+      if (found->hits == 0) continue;  // evicted
+      const std::vector<PageRun> run = {{found->pages[0], 1}};
+      ASSERT_OK(alloc.PinForRead(run, tag, held));
+      auto check_bytes = [&] {
+        for (size_t b = 0; b < kPageBytes; ++b) {
+          ASSERT_EQ(key.second, bytes[run[0].first_page * kPageBytes + b]);
+        }
+      };
+      check_bytes();
+      const bool release_first = rng() % 2 == 0;
+      if (release_first) ASSERT_OK(cache.Release(tag, run));
+      check_bytes();  // evictable now, but not freed while pinned
+      alloc.Unpin(run);
+      if (!release_first) ASSERT_OK(cache.Release(tag, run));
+      ++reads;
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kPublishers; ++t) threads.emplace_back(publisher, t);
+  for (int r = 0; r < kReaders; ++r) threads.emplace_back(reader, r);
+  for (std::thread& t : threads) t.join();
+
+  EXPECT_OK(cache.CheckConsistency());
+  EXPECT_EQ(0u, cache.referenced_pages());
+  EXPECT_GT(cache.Stats().total.evictions, 0u);
+  EXPECT_GT(reads.load(), 0u);
+  EXPECT_EQ(0u, alloc.pages_freed_when_unpinned());
+  EXPECT_EQ(cache.cached_pages(), alloc.cached_pages());
+  SlotAllocator::Occupancy o = alloc.Snapshot();
+  EXPECT_TRUE(o.usage.empty());  // every page allocated was cached
+  EXPECT_EQ(kPages, o.free_pages + o.cached_pages);
+  // Evict everything: all freed, and all zeroed before reuse.
+  const std::vector<uint64_t> rest = cache.Evict(kPages);
+  EXPECT_EQ(o.cached_pages, rest.size());
+  if (!rest.empty()) ASSERT_OK(alloc.Uncache(ToPageRuns(rest)));
+  EXPECT_EQ(0u, cache.cached_pages());
+  EXPECT_EQ(0u, alloc.cached_pages());
+  EXPECT_EQ(kPages, alloc.free_pages());
+  ASSERT_OK(alloc.Allocate(kPages, kAlice));
+  for (uint8_t b : bytes) ASSERT_EQ(0, b);
 }
 
 }  // namespace

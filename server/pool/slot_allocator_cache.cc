@@ -1,0 +1,226 @@
+// SlotAllocator's cached pages (owner kCacheOwner): Cache, Reclaim, Uncache,
+// PinForRead and Unpin (which frees evicted pages at their last pin), and
+// Allocate with an Evictor.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/pool/slot_allocator.h"
+
+namespace hostkv {
+
+std::vector<PageRun> SlotAllocator::RunsOf(const std::vector<uint64_t>& pages) {
+  std::vector<PageRun> runs;
+  for (uint64_t p : pages) {
+    if (!runs.empty() && runs.back().first_page + runs.back().num_pages == p) {
+      ++runs.back().num_pages;
+    } else {
+      runs.push_back({p, 1});
+    }
+  }
+  return runs;
+}
+
+absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
+                                                             OwnerTag owner,
+                                                             Evictor evict) {
+  if (num_pages == 0) {
+    return absl::InvalidArgumentError("cannot allocate 0 pages");
+  }
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
+  uint64_t missing = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (MakeRoomLocked(num_pages)) return TakeLocked(num_pages, owner);
+    missing = num_pages - (free_pages_ + scrubbing_pages_);
+  }
+  // Without mu_: the evictor takes the page cache's mutex, which ranks
+  // below ours (class comment).
+  const std::vector<uint64_t> evicted = evict(missing);
+  absl::MutexLock lock(&mu_);
+  uint64_t pinned = 0;
+  if (!evicted.empty()) {
+    absl::StatusOr<uint64_t> freed = UncacheLocked(RunsOf(evicted), &pinned);
+    if (!freed.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "the page cache evicted a page the allocator does not hold as "
+          "cached: ",
+          freed.status().message()));
+    }
+  }
+  if (MakeRoomLocked(num_pages)) return TakeLocked(num_pages, owner);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      Exhausted(num_pages).message(), " after evicting ", evicted.size(),
+      " of the ", missing, " pages missing from the page cache (", pinned,
+      " of them still read by copies in flight); ", cached_pages_,
+      " pages stay cached"));
+}
+
+absl::Status SlotAllocator::PinForRead(const std::vector<PageRun>& runs,
+                                       OwnerTag owner,
+                                       CachedReadCheck may_read_cached) {
+  if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  std::vector<PageRun> cached;
+  for (const PageRun& run : runs) {
+    if (absl::Status s = CheckRange(run); !s.ok()) return s;
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != kCacheOwner) {
+        if (owner_[p] == owner) continue;
+        return CheckOwnedLocked({{p, 1}}, owner, /*idle=*/false);
+      }
+      if (free_when_unpinned_[p]) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("page ", p, " was evicted from the page cache"));
+      }
+      if (!cached.empty() &&
+          cached.back().first_page + cached.back().num_pages == p) {
+        ++cached.back().num_pages;
+      } else {
+        cached.push_back({p, 1});
+      }
+    }
+  }
+  if (!cached.empty()) {
+    if (absl::Status s = may_read_cached(cached); !s.ok()) return s;
+  }
+  PinLocked(runs);
+  return absl::OkStatus();
+}
+
+void SlotAllocator::Unpin(const std::vector<PageRun>& runs) {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> done;  // evicted pages no copy reads any more
+  for (const PageRun& run : runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (--in_flight_[p] == 0 && free_when_unpinned_[p]) done.push_back(p);
+    }
+  }
+  for (const PageRun& run : RunsOf(done)) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      free_when_unpinned_[p] = 0;
+      owner_[p] = kNoOwner;
+    }
+    Release(run.first_page, run.num_pages);
+  }
+  cached_pages_ -= done.size();
+  freed_when_unpinned_pages_ -= done.size();
+}
+
+absl::StatusOr<uint64_t> SlotAllocator::Cache(const std::vector<PageRun>& runs,
+                                              OwnerTag from) {
+  if (absl::Status s = CheckSessionTag(from); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
+  uint64_t pages = 0;  // a page listed twice is moved (and counted) once
+  for (const PageRun& run : runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != from) continue;
+      owner_[p] = kCacheOwner;
+      ++pages;
+    }
+  }
+  if ((usage_[from] -= pages) == 0) {
+    usage_.erase(from);
+    span_.erase(from);
+  }
+  cached_pages_ += pages;
+  return pages;
+}
+
+absl::StatusOr<uint64_t> SlotAllocator::Reclaim(
+    const std::vector<PageRun>& runs, OwnerTag to) {
+  if (absl::Status s = CheckSessionTag(to); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  for (const PageRun& run : runs) {
+    if (absl::Status s = CheckRange(run); !s.ok()) return s;
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != kCacheOwner || free_when_unpinned_[p]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", p,
+            owner_[p] != kCacheOwner ? " is not cached"
+                                     : " was evicted from the page cache"));
+      }
+      if (in_flight_[p] != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", p, " has a copy in flight; wait for its operation first"));
+      }
+    }
+  }
+  uint64_t pages = 0;  // a page listed twice is moved (and counted) once
+  for (const PageRun& run : runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != kCacheOwner) continue;
+      owner_[p] = to;
+      ++pages;
+    }
+    Extend(to, run.first_page, run.first_page + run.num_pages - 1);
+  }
+  cached_pages_ -= pages;
+  usage_[to] += pages;
+  return pages;
+}
+
+absl::StatusOr<uint64_t> SlotAllocator::Uncache(
+    const std::vector<PageRun>& runs) {
+  absl::MutexLock lock(&mu_);
+  uint64_t pinned = 0;
+  return UncacheLocked(runs, &pinned);
+}
+
+absl::StatusOr<uint64_t> SlotAllocator::UncacheLocked(
+    const std::vector<PageRun>& runs, uint64_t* pinned) {
+  std::vector<PageRun> sorted = runs;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const PageRun& a, const PageRun& b) {
+              return a.first_page < b.first_page;
+            });
+  for (size_t r = 0; r < sorted.size(); ++r) {
+    const PageRun& run = sorted[r];
+    if (absl::Status s = CheckRange(run); !s.ok()) return s;
+    if (r > 0 &&
+        sorted[r - 1].first_page + sorted[r - 1].num_pages > run.first_page) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "page ", run.first_page, " is listed twice in the request"));
+    }
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if (owner_[p] != kCacheOwner || free_when_unpinned_[p]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", p,
+            owner_[p] != kCacheOwner ? " is not cached"
+                                     : " is already uncached (still read)"));
+      }
+    }
+  }
+  uint64_t freed = 0;
+  *pinned = 0;
+  for (const PageRun& run : sorted) {
+    const uint64_t end = run.first_page + run.num_pages;
+    for (uint64_t p = run.first_page; p < end;) {
+      if (in_flight_[p] != 0) {
+        free_when_unpinned_[p] = 1;
+        ++*pinned;
+        ++p;
+        continue;
+      }
+      const uint64_t first = p;
+      while (p < end && in_flight_[p] == 0) owner_[p++] = kNoOwner;
+      Release(first, p - first);
+      freed += p - first;
+    }
+  }
+  cached_pages_ -= freed;
+  freed_when_unpinned_pages_ += *pinned;
+  return freed;
+}
+uint64_t SlotAllocator::cached_pages() const {
+  absl::MutexLock lock(&mu_);
+  return cached_pages_;
+}
+
+uint64_t SlotAllocator::pages_freed_when_unpinned() const {
+  absl::MutexLock lock(&mu_);
+  return freed_when_unpinned_pages_;
+}
+
+}  // namespace hostkv
