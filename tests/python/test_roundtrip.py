@@ -135,3 +135,24 @@ def test_pool_view_is_sglangs_kv_buffer(client, attention, layout):
     client.free(name, pages)
     del view
     client.delete_pool(name)
+
+
+OUTLIVES = """
+import gc, sys, torch, hostkv
+c = hostkv.Client(sys.argv[1], "outlives")
+c.create_pool(hostkv.mha_pool_spec("outlives", num_layers=1, num_kv_heads=1, head_dim=8,
+                                   page_size=4, capacity_tokens=64))
+pages = c.alloc("outlives", 4)
+c.write_pages("outlives", pages, b"\\x07" * c.get_pool("outlives").page_bytes)
+view = c.map_pool("outlives").tensor()  # the PoolMapping itself is dropped here
+gc.collect()                            # must not unmap what `view` still shows
+print(int(view.sum()))
+"""
+
+
+def test_a_view_keeps_its_pool_mapping(daemon):
+    import subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
+    out = subprocess.run([sys.executable, "-c", OUTLIVES, daemon.target], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr  # a dropped mapping would fault (SIGSEGV)
+    assert int(out.stdout.split()[-1]) == 7 * 4 * 2 * 8 * 2  # 0x07 in every byte of a page

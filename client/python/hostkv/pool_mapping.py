@@ -86,9 +86,10 @@ class PoolMapping:
         self.size = size
         self.writable = writable
         self.pool = pool
-        # Tensors made from the mapping hold this array, which holds self.
+        # Tensors made from the mapping hold this array, which holds self:
+        # the mapping goes (munmap) only when neither is reachable.
         self._array = (ctypes.c_uint8 * size).from_address(address)
-        self._array_owner = self
+        self._array.hostkv_mapping = self
 
     def bytes_view(self):
         """A memoryview of the whole segment (writes fault if read-only)."""
