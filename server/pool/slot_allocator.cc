@@ -217,6 +217,11 @@ absl::StatusOr<uint64_t> SlotAllocator::HandOver(
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
   if (from == to) return uint64_t{0};  // nothing moves
+  return MoveOwnerLocked(runs, from, to);
+}
+
+uint64_t SlotAllocator::MoveOwnerLocked(const std::vector<PageRun>& runs,
+                                        OwnerTag from, OwnerTag to) {
   uint64_t pages = 0;  // a page listed twice is moved (and counted) once
   for (const PageRun& run : runs) {
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
@@ -224,13 +229,21 @@ absl::StatusOr<uint64_t> SlotAllocator::HandOver(
       owner_[p] = to;
       ++pages;
     }
-    Extend(to, run.first_page, run.first_page + run.num_pages - 1);
+    if (to != kCacheOwner) {
+      Extend(to, run.first_page, run.first_page + run.num_pages - 1);
+    }
   }
-  if ((usage_[from] -= pages) == 0) {
+  if (from == kCacheOwner) {
+    cached_pages_ -= pages;
+  } else if ((usage_[from] -= pages) == 0) {
     usage_.erase(from);
     span_.erase(from);
   }
-  usage_[to] += pages;
+  if (to == kCacheOwner) {
+    cached_pages_ += pages;
+  } else {
+    usage_[to] += pages;
+  }
   return pages;
 }
 

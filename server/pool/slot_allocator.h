@@ -263,6 +263,11 @@ class SlotAllocator {
     uint64_t last;
   };
   absl::flat_hash_map<OwnerTag, Span> span_ ABSL_GUARDED_BY(mu_);
+  // Gives the pages of `runs` that `from` holds to `to` (either may be
+  // kCacheOwner, whose count is cached_pages_); returns how many moved, a
+  // page listed twice once. REQUIRES: the caller checked the pages.
+  uint64_t MoveOwnerLocked(const std::vector<PageRun>& runs, OwnerTag from,
+                           OwnerTag to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Extend(OwnerTag owner, uint64_t first, uint64_t last)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };

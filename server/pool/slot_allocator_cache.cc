@@ -112,20 +112,7 @@ absl::StatusOr<uint64_t> SlotAllocator::Cache(const std::vector<PageRun>& runs,
   if (absl::Status s = CheckSessionTag(from); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
-  uint64_t pages = 0;  // a page listed twice is moved (and counted) once
-  for (const PageRun& run : runs) {
-    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
-      if (owner_[p] != from) continue;
-      owner_[p] = kCacheOwner;
-      ++pages;
-    }
-  }
-  if ((usage_[from] -= pages) == 0) {
-    usage_.erase(from);
-    span_.erase(from);
-  }
-  cached_pages_ += pages;
-  return pages;
+  return MoveOwnerLocked(runs, from, kCacheOwner);
 }
 
 absl::StatusOr<uint64_t> SlotAllocator::Reclaim(
@@ -147,18 +134,7 @@ absl::StatusOr<uint64_t> SlotAllocator::Reclaim(
       }
     }
   }
-  uint64_t pages = 0;  // a page listed twice is moved (and counted) once
-  for (const PageRun& run : runs) {
-    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
-      if (owner_[p] != kCacheOwner) continue;
-      owner_[p] = to;
-      ++pages;
-    }
-    Extend(to, run.first_page, run.first_page + run.num_pages - 1);
-  }
-  cached_pages_ -= pages;
-  usage_[to] += pages;
-  return pages;
+  return MoveOwnerLocked(runs, kCacheOwner, to);
 }
 
 absl::StatusOr<uint64_t> SlotAllocator::Uncache(

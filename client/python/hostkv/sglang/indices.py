@@ -24,6 +24,14 @@ def as_index_tensor(indices, what):
     return indices.to(device="cpu", dtype=torch.int64)
 
 
+def _check_within(indices, limit, what, whose):
+    """InvalidArgument unless every index (a non-empty tensor) is in [0, limit)."""
+    low, high = int(indices.min()), int(indices.max())
+    if low < 0 or high >= limit:
+        raise errors.InvalidArgument(
+            f"{what} {low if low < 0 else high} is outside {whose} {limit} slots")
+
+
 def runs_of(values):
     """Run-length encodes consecutive ascending values: [(first, count), ...]."""
     torch = _torch()
@@ -48,10 +56,7 @@ def pages_of(indices, page_size, size, what="host_indices"):
             f"{what}: {n} indices are not whole pages of {page_size} tokens")
     if n == 0:
         return indices
-    low, high = int(indices.min()), int(indices.max())
-    if low < 0 or high >= size:
-        raise errors.InvalidArgument(
-            f"{what}: index {low if low < 0 else high} is outside the pool's {size} slots")
+    _check_within(indices, size, f"{what}: index", "the pool's")
     rows = indices.view(-1, page_size)
     pages = torch.div(rows[:, 0], page_size, rounding_mode="floor")
     expected = pages.unsqueeze(1) * page_size + torch.arange(page_size)
@@ -71,11 +76,7 @@ def slot_runs(indices, slots, what="device_indices"):
     """[(first_slot, count), ...] of device token `indices`, each in [0, slots)."""
     indices = as_index_tensor(indices, what)
     if indices.numel() > 0:
-        low, high = int(indices.min()), int(indices.max())
-        if low < 0 or high >= slots:
-            raise errors.InvalidArgument(
-                f"{what}: slot {low if low < 0 else high} is outside the device "
-                f"pool's {slots} slots")
+        _check_within(indices, slots, f"{what}: slot", "the device pool's")
     return runs_of(indices)
 
 
