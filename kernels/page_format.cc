@@ -107,4 +107,16 @@ void AppendPageBufferPieces(const PoolGeometry& g, uint64_t page,
   }
 }
 
+void CopyPage(const PoolGeometry& g, uint8_t* pool, uint64_t from,
+              uint64_t to) {
+  std::vector<BufferPiece> source;
+  std::vector<BufferPiece> target;
+  AppendPageBufferPieces(g, from, &source);
+  AppendPageBufferPieces(g, to, &target);
+  for (size_t i = 0; i < source.size(); ++i) {
+    std::memcpy(pool + target[i].offset, pool + source[i].offset,
+                source[i].size);
+  }
+}
+
 }  // namespace hostkv

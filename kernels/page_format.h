@@ -37,6 +37,11 @@ struct BufferPiece {
 void AppendPageBufferPieces(const PoolGeometry& g, uint64_t page,
                             std::vector<BufferPiece>* pieces);
 
+// Copies host page `from` over host page `to` of the same pool (every
+// layer, K and V), piece by piece as AppendPageBufferPieces lists them.
+// REQUIRES: both < g.num_pages(), from != to.
+void CopyPage(const PoolGeometry& g, uint8_t* pool, uint64_t from, uint64_t to);
+
 }  // namespace hostkv
 
 #endif  // HOSTKV_KERNELS_PAGE_FORMAT_H_

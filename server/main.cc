@@ -142,7 +142,7 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   RETURN_IF_ERROR(StartGpuBackend(o, d));
   d.pools = std::make_unique<PoolRegistry>(
       d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()),
-      d.gpu.get(), o.quota);
+      d.gpu.get(), o.quota, o.cache);
   d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records,
                                                  o.sessions, d.budget.get());
   d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get(),

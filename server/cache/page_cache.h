@@ -182,6 +182,13 @@ class PageCache {
                                    const std::vector<PageRun>& runs)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // OK if `session` holds a reference on every page of `runs` (a load or a
+  // copy may read them); FailedPrecondition naming the first it does not
+  // hold, InvalidArgument for a run outside the pool. Takes the cache's
+  // lock: callers may hold the allocator's (the lock order).
+  absl::Status CheckHeld(OwnerTag session, const std::vector<PageRun>& runs) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops every reference `session` holds (its end); returns how many.
   // The pages stay cached.
   uint64_t ReleaseAll(OwnerTag session) ABSL_LOCKS_EXCLUDED(mu_);
@@ -208,6 +215,11 @@ class PageCache {
   // sessions' reference maps (their slots; not the namespaces' names).
   // What a memory budget should count for it.
   uint64_t MemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // MemoryBytes once every page of the pool is cached: the key index and
+  // every entry chunk (references excluded: they are bounded per session by
+  // the daemon's limits). What the daemon reserves in its memory budget.
+  uint64_t MaxMemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
   CacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // One namespace's counters (zeros if nothing was ever published in it).

@@ -103,6 +103,27 @@ uint64_t PageCache::ReleaseAll(OwnerTag session) {
   return dropped;
 }
 
+absl::Status PageCache::CheckHeld(OwnerTag session,
+                                  const std::vector<PageRun>& runs) const {
+  RETURN_IF_ERROR(CheckRuns(runs));
+  absl::MutexLock lock(&mu_);
+  auto session_it = refs_.find(session);
+  for (const PageRun& run : runs) {
+    for (uint64_t page = run.first_page; page < run.first_page + run.num_pages;
+         ++page) {
+      const bool held =
+          session_it != refs_.end() &&
+          session_it->second.by_page.contains(static_cast<uint32_t>(page));
+      if (!held) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", page, " is cached and this session holds no reference "
+            "on it (Lookup or Publish with acquire first)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool PageCache::IsCached(uint64_t page) const {
   absl::MutexLock lock(&mu_);
   return CachedLocked(page);

@@ -1,5 +1,7 @@
 // PageCache: counters, and CheckConsistency (every structure recomputed
 // from the entries and compared with what the cache keeps incrementally).
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
@@ -54,6 +56,18 @@ uint64_t PageCache::MemoryBytes() const {
     refs += held.by_page.capacity() * (2 * sizeof(uint32_t) + 1) + 16;
   }
   return chunk_bytes_ + index + refs + chunks_.capacity() * sizeof(Chunk);
+}
+
+uint64_t PageCache::MaxMemoryBytes() const {
+  absl::MutexLock lock(&mu_);
+  const uint64_t index =
+      AllocatedSize(keys_.capacity() * (sizeof(uint32_t) + 1) + 16);
+  uint64_t chunks = 0;
+  for (uint64_t first = 0; first < num_pages_; first += kChunkMask + 1) {
+    const uint64_t entries = std::min<uint64_t>(kChunkMask + 1, num_pages_ - first);
+    chunks += AllocatedSize(entries * sizeof(Entry));
+  }
+  return chunks + index + chunks_.capacity() * sizeof(Chunk);
 }
 
 CacheStats PageCache::Stats() const {

@@ -106,6 +106,20 @@ ABSL_FLAG(std::string, config_pool_access, "group",
 ABSL_FLAG(std::string, shm_group, "",
           "also accept shared-memory device buffers of other uids that are "
           "group read-write in this group, from session peers in it");
+ABSL_FLAG(std::string, cache_share, "owner",
+          "who may publish and look up in a page-cache namespace besides the "
+          "uid that first published in it (and root): owner (nobody), "
+          "group:NAME (members of that group) or any");
+ABSL_FLAG(int, max_cache_namespaces_per_uid, 256,
+          "page-cache namespaces one uid may claim in each pool");
+ABSL_FLAG(int, max_cache_refs_per_session, 1 << 22,
+          "references one session may hold on cached pages (each keeps a "
+          "page from eviction)");
+ABSL_FLAG(absl::Duration, cache_publish_wait, absl::Seconds(30),
+          "a Publish of pages that copies in flight still fill waits this "
+          "long for them, then fails changing nothing");
+ABSL_FLAG(std::string, max_copy_bytes, "1GiB",
+          "most bytes one CopyPages call copies (on the request's thread)");
 ABSL_FLAG(int, kernel_blocks, 0,
           "thread blocks per copy-kernel launch (0 = the kernel's default, "
           "16: few, as they share the GPU with the engine's kernels)");
@@ -151,6 +165,11 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "pool_access",
                                              "config_pool_access",
                                              "shm_group",
+                                             "cache_share",
+                                             "max_cache_namespaces_per_uid",
+                                             "max_cache_refs_per_session",
+                                             "cache_publish_wait",
+                                             "max_copy_bytes",
                                              "health_probe_without_token",
                                              "max_health_watches",
                                              "gpu_wait_timeout",
@@ -209,6 +228,34 @@ absl::StatusOr<v1::PoolAccess> AccessFlag(const char* name,
   return access;
 }
 
+absl::Status ReadCacheOptions(DaemonOptions& o) {
+  std::string share = absl::GetFlag(FLAGS_cache_share);
+  if (share == "group:") {
+    return absl::InvalidArgumentError("--cache_share=group: needs a group name");
+  }
+  if (absl::StartsWith(share, "group:")) {
+    ASSIGN_OR_RETURN(const gid_t gid, ResolveGroup(share.substr(6), "cache_share"));
+    share = absl::StrCat("group:", gid);
+  }
+  absl::StatusOr<CacheSharing> sharing = ParseCacheSharing(share);
+  if (!sharing.ok()) return sharing.status();
+  o.cache.sharing = *sharing;
+  ASSIGN_OR_RETURN(o.cache.max_namespaces_per_uid,
+                   CountFlag("max_cache_namespaces_per_uid",
+                             absl::GetFlag(FLAGS_max_cache_namespaces_per_uid)));
+  ASSIGN_OR_RETURN(const uint32_t refs,
+                   CountFlag("max_cache_refs_per_session",
+                             absl::GetFlag(FLAGS_max_cache_refs_per_session)));
+  o.limits.max_cache_refs_per_session = refs;
+  o.limits.cache_publish_wait = absl::GetFlag(FLAGS_cache_publish_wait);
+  if (o.limits.cache_publish_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--cache_publish_wait must not be negative");
+  }
+  ASSIGN_OR_RETURN(o.limits.max_copy_bytes,
+                   ByteFlag("max_copy_bytes", absl::GetFlag(FLAGS_max_copy_bytes)));
+  return absl::OkStatus();
+}
+
 absl::Status ReadTenantLimits(DaemonOptions& o) {
   ASSIGN_OR_RETURN(
       o.sessions.max_sessions,
@@ -254,7 +301,7 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
   ASSIGN_OR_RETURN(const gid_t shm_group,
                    ResolveGroup(absl::GetFlag(FLAGS_shm_group), "shm_group"));
   if (shm_group != static_cast<gid_t>(-1)) o.limits.shm_group = shm_group;
-  return absl::OkStatus();
+  return ReadCacheOptions(o);
 }
 
 absl::Status ResolveAddress(DaemonOptions& o) {

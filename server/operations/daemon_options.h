@@ -37,6 +37,7 @@ struct DaemonOptions {
   SessionLimits sessions;
   ConnectionLimits connections;
   PoolQuota quota;
+  CacheOptions cache;  // page cache: namespace sharing, per-uid limits
   v1::PoolAccess config_pool_access = v1::POOL_ACCESS_GROUP;
   std::string config_path;     // --config
   std::string metrics_listen;  // --metrics_listen

@@ -22,6 +22,67 @@ void Set(prometheus::MetricFamily& family, double value,
   family.metric.push_back(std::move(metric));
 }
 
+prometheus::MetricFamily Counter(const char* name, const char* help) {
+  prometheus::MetricFamily family = Gauge(name, help);
+  family.type = prometheus::MetricType::Counter;
+  return family;
+}
+
+// The page cache's series: per pool and namespace (the pool's totals are
+// their sums, except misses in namespaces nothing was published in).
+struct CacheFamilies {
+  prometheus::MetricFamily cached = Gauge(
+      "hostkv_cache_cached_pages", "Pages cached in the namespace");
+  prometheus::MetricFamily referenced = Gauge(
+      "hostkv_cache_referenced_pages",
+      "Cached pages at least one session references (never evicted)");
+  prometheus::MetricFamily evictable = Gauge(
+      "hostkv_cache_evictable_pages",
+      "Cached pages an allocation may evict now");
+  prometheus::MetricFamily hits =
+      Counter("hostkv_cache_hits_total", "Keys Lookup found");
+  prometheus::MetricFamily misses =
+      Counter("hostkv_cache_misses_total", "Keys Lookup did not find");
+  prometheus::MetricFamily evictions =
+      Counter("hostkv_cache_evictions_total", "Cached pages evicted");
+  prometheus::MetricFamily already_cached = Counter(
+      "hostkv_cache_already_cached_total",
+      "Publishes of a key already cached (the first page kept)");
+  prometheus::MetricFamily conflicts = Counter(
+      "hostkv_cache_conflicts_total",
+      "Publishes of a page already cached under another key");
+
+  void Add(const std::string& pool, const NamespaceCounters& ns) {
+    auto put = [&](prometheus::MetricFamily& family, uint64_t value) {
+      prometheus::ClientMetric metric;
+      metric.label.push_back({"namespace", ns.name});
+      metric.label.push_back({"pool", pool});
+      if (family.type == prometheus::MetricType::Counter) {
+        metric.counter.value = static_cast<double>(value);
+      } else {
+        metric.gauge.value = static_cast<double>(value);
+      }
+      family.metric.push_back(std::move(metric));
+    };
+    const CacheCounters& c = ns.counters;
+    put(cached, c.cached);
+    put(referenced, c.referenced);
+    put(evictable, c.evictable);
+    put(hits, c.hits);
+    put(misses, c.misses);
+    put(evictions, c.evictions);
+    put(already_cached, c.already_cached);
+    put(conflicts, c.conflicts);
+  }
+  void AppendTo(std::vector<prometheus::MetricFamily>& out) {
+    for (prometheus::MetricFamily* f : {&cached, &referenced, &evictable, &hits,
+                                        &misses, &evictions, &already_cached,
+                                        &conflicts}) {
+      out.push_back(std::move(*f));
+    }
+  }
+};
+
 }  // namespace
 
 std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
@@ -35,9 +96,17 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
                       "1 if the pool is registered with CUDA (pinned)");
   auto imports = Gauge("hostkv_pool_imports",
                        "Device-buffer registrations against the pool");
+  auto cached_pages = Gauge("hostkv_pool_cached_pages",
+                            "Pages of the pool owned by its page cache "
+                            "(counted in hostkv_pool_used_pages)");
+  CacheFamilies cache;
   for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
     const PoolGeometry& g = pool->geometry();
     const SlotAllocator& alloc = pool->allocator();
+    Set(cached_pages, static_cast<double>(alloc.cached_pages()), pool->name());
+    for (const NamespaceCounters& ns : pool->cache().Stats().namespaces) {
+      cache.Add(pool->name(), ns);
+    }
     const uint64_t free_count = alloc.free_pages();
     const uint64_t used_count = alloc.num_pages() - free_count;
     Set(capacity, static_cast<double>(g.total_bytes()), pool->name());
@@ -69,8 +138,12 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
                       "The daemon's memory budget (0: none beyond availability)");
   Set(reserved, static_cast<double>(budget_->reserved_bytes()));
   Set(budget, static_cast<double>(budget_->budget_bytes()));
-  return {capacity, used, free, capacity_pages, used_pages, free_pages, pinned,
-          imports, sessions, attached, in_flight, reserved, budget};
+  std::vector<prometheus::MetricFamily> families = {
+      capacity, used,      free,     capacity_pages, used_pages,
+      free_pages, cached_pages, pinned, imports, sessions,
+      attached, in_flight, reserved, budget};
+  cache.AppendTo(families);
+  return families;
 }
 
 }  // namespace hostkv

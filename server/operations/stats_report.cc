@@ -7,6 +7,40 @@
 
 namespace hostkv {
 
+namespace {
+
+void FillCounters(const CacheCounters& c, v1::CacheCounters* out) {
+  out->set_cached_pages(c.cached);
+  out->set_referenced_pages(c.referenced);
+  out->set_evictable_pages(c.evictable);
+  out->set_hits(c.hits);
+  out->set_misses(c.misses);
+  out->set_evictions(c.evictions);
+  out->set_already_cached(c.already_cached);
+  out->set_conflicts(c.conflicts);
+}
+
+}  // namespace
+
+void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
+                    v1::PoolStats* stats) {
+  const CacheStats cache = pool.cache().Stats();
+  stats->set_cached_pages(cached_pages);
+  FillCounters(cache.total, stats->mutable_cache());
+  for (const NamespaceCounters& ns : cache.namespaces) {
+    v1::CacheNamespaceStats* out = stats->add_cache_namespaces();
+    out->set_name(ns.name);
+    FillCounters(ns.counters, out->mutable_counters());
+    if (const std::optional<NamespaceOwner> owner =
+            pool.namespaces().OwnerOf(ns.name);
+        owner.has_value()) {
+      out->set_owner_uid(owner->uid);
+      out->set_owner_unverified(owner->unverified);
+    }
+  }
+  stats->set_cache_reserved_bytes(pool.cache().MaxMemoryBytes());
+}
+
 void FillPoolStats(const HostPool& pool,
                    const std::vector<std::shared_ptr<Session>>& sessions,
                    v1::PoolStats* stats) {
@@ -37,6 +71,7 @@ void FillPoolStats(const HostPool& pool,
   stats->set_free_bytes(free_pages * g.page_bytes());
   stats->set_loads(pool.completed_loads());
   stats->set_backups(pool.completed_backups());
+  FillCacheStats(pool, occupancy.cached_pages, stats);
   absl::flat_hash_map<OwnerTag, const Session*> by_tag;
   for (const std::shared_ptr<Session>& session : sessions) {
     by_tag[session->tag()] = session.get();

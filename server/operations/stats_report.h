@@ -18,6 +18,12 @@ void FillPoolStats(const HostPool& pool,
                    const std::vector<std::shared_ptr<Session>>& sessions,
                    v1::PoolStats* stats);
 
+// The page cache's counters of `pool`, per pool and per namespace;
+// `cached_pages` from the allocator's snapshot (pages it owns for the cache,
+// evicted ones still read by loads included).
+void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
+                    v1::PoolStats* stats);
+
 // Identity, liveness and holdings of `session` across `pools`.
 void FillSessionInfo(const Session& session,
                      const std::vector<std::shared_ptr<HostPool>>& pools,

@@ -27,7 +27,9 @@ constexpr uint64_t kScrubBatchBytes = 8 << 20;
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
     const v1::PoolSpec& spec, const PoolGeometry& geometry,
     const std::string& segment_name, unsigned prefault_threads,
-    BudgetReservation reservation) {
+    BudgetReservation reservation, const CacheOptions& cache_options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PageCache> cache,
+                   PageCache::Create(geometry.num_pages()));
   ASSIGN_OR_RETURN(ShmSegment segment,
                    ShmSegment::Create(segment_name, geometry.total_bytes(), 0640));
   segment.Prefault(prefault_threads);
@@ -43,8 +45,9 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
   info.set_token_stride(geometry.token_stride());
   info.set_v_offset(geometry.kv_planes() == 2 ? geometry.plane_bytes() : 0);
   info.set_segment_name(segment_name);
-  return std::unique_ptr<HostPool>(new HostPool(
-      std::move(info), geometry, std::move(segment), std::move(reservation)));
+  return std::unique_ptr<HostPool>(
+      new HostPool(std::move(info), geometry, std::move(segment),
+                   std::move(reservation), std::move(cache), cache_options));
 }
 
 absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {
@@ -65,14 +68,19 @@ absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {
 }
 
 HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
-                   ShmSegment segment, BudgetReservation reservation)
+                   ShmSegment segment, BudgetReservation reservation,
+                   std::unique_ptr<PageCache> cache,
+                   const CacheOptions& cache_options)
     : info_(std::move(info)),
       geometry_(geometry),
       segment_(std::move(segment)),
       reservation_(std::move(reservation)),
       allocator_(geometry.num_pages(), [this](const PageRun& run) {
         ZeroPages(geometry_, segment_.data(), run);
-      }) {
+      }),
+      cache_(std::move(cache)),
+      namespaces_(std::make_unique<NamespaceOwners>(
+          cache_options.sharing, cache_options.max_namespaces_per_uid)) {
   scrubber_ = std::make_unique<PageScrubber>(
       &allocator_, PageScrubber::BatchPages(geometry_, kScrubBatchBytes));
 }
@@ -89,6 +97,20 @@ absl::StatusOr<PinnedPages> PinnedPages::Pin(std::shared_ptr<HostPool> pool,
                                              std::vector<PageRun> runs,
                                              OwnerTag owner) {
   RETURN_IF_ERROR(pool->allocator().Pin(runs, owner));
+  PinnedPages pinned;
+  pinned.pool_ = std::move(pool);
+  pinned.runs_ = std::move(runs);
+  return pinned;
+}
+
+absl::StatusOr<PinnedPages> PinnedPages::PinForRead(
+    std::shared_ptr<HostPool> pool, std::vector<PageRun> runs, OwnerTag owner,
+    bool owned_pages_idle) {
+  const PageCache& cache = pool->cache();
+  RETURN_IF_ERROR(pool->allocator().PinForRead(
+      runs, owner, [&cache, owner](const std::vector<PageRun>& cached) {
+        return cache.CheckHeld(owner, cached);
+      }, owned_pages_idle));
   PinnedPages pinned;
   pinned.pool_ = std::move(pool);
   pinned.runs_ = std::move(runs);

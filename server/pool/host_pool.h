@@ -17,8 +17,16 @@
 #include "proto/contract/shm_segment.h"
 #include "server/pool/page_scrubber.h"
 #include "server/pool/slot_allocator.h"
+#include "server/cache/namespace_owners.h"
+#include "server/cache/page_cache.h"
 
 namespace hostkv {
+
+// The page cache's settings, the same for every pool (daemon flags).
+struct CacheOptions {
+  CacheSharing sharing;
+  uint32_t max_namespaces_per_uid = 256;
+};
 
 // Thread-safe: the geometry and segment are fixed after creation; the
 // allocator and counters synchronize themselves. The page bytes are written
@@ -35,7 +43,7 @@ class HostPool {
   static absl::StatusOr<std::unique_ptr<HostPool>> Create(
       const v1::PoolSpec& spec, const PoolGeometry& geometry,
       const std::string& segment_name, unsigned prefault_threads,
-      BudgetReservation reservation);
+      BudgetReservation reservation, const CacheOptions& cache_options = {});
 
   const std::string& name() const { return info_.spec().name(); }
   const PoolGeometry& geometry() const { return geometry_; }
@@ -48,6 +56,15 @@ class HostPool {
   absl::StatusOr<ScopedFd> OpenSegment(bool writable) const;
   SlotAllocator& allocator() { return allocator_; }
   const SlotAllocator& allocator() const { return allocator_; }
+  // The pool's page cache (which pages are published under which key) and
+  // who owns its namespaces. Both thread-safe.
+  PageCache& cache() const { return *cache_; }
+  NamespaceOwners& namespaces() const { return *namespaces_; }
+  // The budget held for the page cache's metadata, set once before the
+  // pool is shared (PoolRegistry::Create).
+  void set_cache_reservation(BudgetReservation reservation) {
+    cache_reservation_ = std::move(reservation);
+  }
 
   // Device-buffer registrations that refer to this pool.
   std::atomic<uint32_t>& imports() { return imports_; }
@@ -83,13 +100,17 @@ class HostPool {
 
  private:
   HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,
-           BudgetReservation reservation);
+           BudgetReservation reservation, std::unique_ptr<PageCache> cache,
+           const CacheOptions& cache_options);
 
   const v1::Pool info_;
   const PoolGeometry geometry_;
   ShmSegment segment_;
   BudgetReservation reservation_;
   SlotAllocator allocator_;
+  const std::unique_ptr<PageCache> cache_;
+  const std::unique_ptr<NamespaceOwners> namespaces_;
+  BudgetReservation cache_reservation_;
   std::atomic<uint32_t> imports_{0};
   std::atomic<uint64_t> loads_{0};
   std::atomic<uint64_t> backups_{0};
@@ -110,6 +131,13 @@ class PinnedPages {
   static absl::StatusOr<PinnedPages> Pin(std::shared_ptr<HostPool> pool,
                                          std::vector<PageRun> runs,
                                          OwnerTag owner);
+  // Pins for a copy that only reads: `owner`'s pages, and cached pages it
+  // holds references on (PageCache::CheckHeld). Errors of
+  // SlotAllocator::PinForRead (owned_pages_idle: as there).
+  static absl::StatusOr<PinnedPages> PinForRead(std::shared_ptr<HostPool> pool,
+                                                std::vector<PageRun> runs,
+                                                OwnerTag owner,
+                                                bool owned_pages_idle = false);
   PinnedPages() = default;
   PinnedPages(PinnedPages&& other) noexcept = default;
   PinnedPages& operator=(PinnedPages&& other) noexcept;

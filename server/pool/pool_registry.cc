@@ -13,12 +13,13 @@ namespace hostkv {
 
 PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
                            unsigned prefault_threads, GpuBackend* gpu,
-                           PoolQuota quota)
+                           PoolQuota quota, CacheOptions cache_options)
     : budget_(budget),
       segment_prefix_(std::move(segment_prefix)),
       prefault_threads_(prefault_threads),
       gpu_(gpu),
-      quota_(quota) {}
+      quota_(quota),
+      cache_options_(cache_options) {}
 
 absl::Status PoolRegistry::CheckQuota(const v1::PoolOwner& owner,
                                       uint64_t bytes) const {
@@ -110,7 +111,13 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
       std::unique_ptr<HostPool> pool,
       HostPool::Create(spec, geometry,
                        absl::StrCat(segment_prefix_, "pool.", spec.name()),
-                       prefault_threads_, std::move(reservation)));
+                       prefault_threads_, std::move(reservation),
+                       cache_options_));
+  // The page cache's metadata, as if every page were cached.
+  const uint64_t cache_bytes = pool->cache().MaxMemoryBytes();
+  RETURN_IF_ERROR(budget_->Reserve(absl::StrCat(what, "'s page cache index"),
+                                   cache_bytes));
+  pool->set_cache_reservation(BudgetReservation(budget_, cache_bytes));
   spdlog::info(
       "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
       "bytes={} ({}) segment={} in {}",
@@ -193,11 +200,20 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::DeleteLocked(
   }
   HostPool& pool = *it->second;
   RETURN_IF_ERROR(CheckPoolAdmin(name, pool.owner(), who));
-  const uint64_t used = pool.allocator().num_pages() - pool.allocator().free_pages();
-  if (used != 0 || pool.imports().load() != 0) {
+  // Cached pages no session references go with the pool.
+  const SlotAllocator::Occupancy occupancy = pool.allocator().Snapshot();
+  const uint64_t used =
+      pool.allocator().num_pages() - occupancy.free_pages - occupancy.cached_pages;
+  const uint64_t referenced = pool.cache().referenced_pages();
+  if (used != 0 || referenced != 0 || pool.imports().load() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pool '", name, "' is in use: ", used, " pages allocated, ",
-        pool.imports().load(), " device-buffer registrations"));
+        referenced, " cached pages referenced, ", pool.imports().load(),
+        " device-buffer registrations"));
+  }
+  if (occupancy.cached_pages != 0) {
+    spdlog::info("pool '{}': its {} cached pages go with it", name,
+                 occupancy.cached_pages);
   }
   std::shared_ptr<HostPool> deleted = std::move(it->second);
   pools_.erase(it);

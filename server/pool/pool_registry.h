@@ -35,7 +35,7 @@ class PoolRegistry {
   // created, in chunks of whole pool pages.
   PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
                unsigned prefault_threads, GpuBackend* gpu = nullptr,
-               PoolQuota quota = {});
+               PoolQuota quota = {}, CacheOptions cache_options = {});
   // Stops notifying, then destroys the pools (joining pinning threads).
   ~PoolRegistry();
 
@@ -89,6 +89,7 @@ class PoolRegistry {
   const unsigned prefault_threads_;
   GpuBackend* const gpu_;
   const PoolQuota quota_;
+  const CacheOptions cache_options_;
 
   absl::Mutex create_mu_;  // serializes creations (which can be slow)
   absl::Mutex notify_mu_;  // serializes observer calls

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace hostkv {
 
@@ -108,6 +109,13 @@ class SlotAllocator {
   // CheckOwnedIdle, InvalidArgument for from == kCacheOwner.
   absl::StatusOr<uint64_t> Cache(const std::vector<PageRun>& runs,
                                  OwnerTag from) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cache, after waiting until no copy in flight touches the pages (a
+  // backup filling them), at most until `wait_until`: DeadlineExceeded,
+  // moving nothing, if copies are still in flight then. The pages must be
+  // `from`'s before and after the wait.
+  absl::StatusOr<uint64_t> Cache(const std::vector<PageRun>& runs,
+                                 OwnerTag from, absl::Time wait_until)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Gives cached idle pages back to session `to` (pages the page cache did
   // not take: a publish that found the key cached). All or nothing:
   // InvalidArgument for a bad run or to == kCacheOwner; FailedPrecondition
@@ -151,9 +159,12 @@ class SlotAllocator {
   // CheckOwned for other pages, FailedPrecondition for a cached page freed
   // when unpinned (evicted), the error of may_read_cached; InvalidArgument
   // for owner kCacheOwner.
+  // With owned_pages_idle, `owner`'s own pages must also have no copy in
+  // flight (FailedPrecondition): a read of bytes a backup may be writing.
   // REQUIRES: as Pin.
   absl::Status PinForRead(const std::vector<PageRun>& runs, OwnerTag owner,
-                          CachedReadCheck may_read_cached)
+                          CachedReadCheck may_read_cached,
+                          bool owned_pages_idle = false)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Frees the pages that were to be freed when unpinned and are no longer
   // pinned.

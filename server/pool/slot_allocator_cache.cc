@@ -58,7 +58,8 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
 
 absl::Status SlotAllocator::PinForRead(const std::vector<PageRun>& runs,
                                        OwnerTag owner,
-                                       CachedReadCheck may_read_cached) {
+                                       CachedReadCheck may_read_cached,
+                                       bool owned_pages_idle) {
   if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::vector<PageRun> cached;
@@ -66,7 +67,13 @@ absl::Status SlotAllocator::PinForRead(const std::vector<PageRun>& runs,
     if (absl::Status s = CheckRange(run); !s.ok()) return s;
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
       if (owner_[p] != kCacheOwner) {
-        if (owner_[p] == owner) continue;
+        if (owner_[p] == owner) {
+          if (owned_pages_idle && in_flight_[p] != 0) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "page ", p, " has a copy in flight; wait for its operation first"));
+          }
+          continue;
+        }
         return CheckOwnedLocked({{p, 1}}, owner, /*idle=*/false);
       }
       if (free_when_unpinned_[p]) {
@@ -111,6 +118,42 @@ absl::StatusOr<uint64_t> SlotAllocator::Cache(const std::vector<PageRun>& runs,
                                               OwnerTag from) {
   if (absl::Status s = CheckSessionTag(from); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
+  return MoveOwnerLocked(runs, from, kCacheOwner);
+}
+
+namespace {
+
+// For Mutex::AwaitWithDeadline: no page of the runs has a copy in flight.
+struct IdleWait {
+  const std::vector<PageRun>* runs;
+  const std::vector<uint32_t>* in_flight;
+};
+
+bool AllIdle(IdleWait* wait) {
+  for (const PageRun& run : *wait->runs) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      if ((*wait->in_flight)[p] != 0) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> SlotAllocator::Cache(const std::vector<PageRun>& runs,
+                                              OwnerTag from,
+                                              absl::Time wait_until) {
+  if (absl::Status s = CheckSessionTag(from); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckOwnedLocked(runs, from, false); !s.ok()) return s;
+  IdleWait wait{&runs, &in_flight_};
+  if (!mu_.AwaitWithDeadline(absl::Condition(&AllIdle, &wait), wait_until)) {
+    return absl::DeadlineExceededError(
+        "pages to publish still had copies in flight when the wait ended; "
+        "nothing was published");
+  }
+  // Checked again: the lock was released while waiting.
   if (absl::Status s = CheckOwnedLocked(runs, from, true); !s.ok()) return s;
   return MoveOwnerLocked(runs, from, kCacheOwner);
 }

@@ -29,9 +29,19 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
         "num_tokens ", request.num_tokens(),
         " is not a positive multiple of the pool's page_size ", page_size));
   }
-  absl::StatusOr<std::vector<PageRun>> allocated =
-      pool->allocator().Allocate(request.num_tokens() / page_size,
-                                 session->tag());
+  // Short of free pages, the pool's page cache gives up its coldest
+  // unreferenced pages: only when the unreferenced ones make up the
+  // shortfall, so that an allocation bound to fail evicts nothing.
+  PageCache& cache = pool->cache();
+  absl::StatusOr<std::vector<PageRun>> allocated = pool->allocator().Allocate(
+      request.num_tokens() / page_size, session->tag(),
+      [&cache](uint64_t needed) {
+        const uint64_t cached = cache.cached_pages();
+        const uint64_t referenced = cache.referenced_pages();
+        return cached >= referenced && cached - referenced >= needed
+                   ? cache.Evict(needed)
+                   : std::vector<uint64_t>();
+      });
   if (!allocated.ok()) {
     if (metrics_ != nullptr) metrics_->RecordAllocFailure("pool_full");
     return allocated.status();
@@ -198,9 +208,14 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   auto op = std::make_unique<TransferOp>();
   op->owner = owned.session->tag();
   op->wait_kv_written = request.wait_kv_written();
+  // A load may read cached pages the session references; a backup writes
+  // only pages the session owns.
   ASSIGN_OR_RETURN(op->host_pages,
-                   PinnedPages::Pin(owned.pool, std::move(owned.runs),
-                                    owned.session->tag()));
+                   direction == CopyDirection::kHostToDevice
+                       ? PinnedPages::PinForRead(owned.pool, std::move(owned.runs),
+                                                 owned.session->tag())
+                       : PinnedPages::Pin(owned.pool, std::move(owned.runs),
+                                          owned.session->tag()));
   op->op_id = owned.session->NextOpId();
   op->import = import;
   op->signals = owned.session->signals();
@@ -243,9 +258,16 @@ absl::StatusOr<uint64_t> RequestHandler::CheckPageIoSize(const HostPool& pool,
 
 absl::StatusOr<v1::ReadPagesResponse> RequestHandler::ReadPages(
     const v1::ReadPagesRequest& request) {
-  ASSIGN_OR_RETURN(OwnedPages owned,
-                   ResolveOwnedPages(request.session_id(), request.pool(),
-                                     request.pages()));
+  // The session's pages with no copy in flight, or cached pages it
+  // references; pinned while they are read.
+  OwnedPages owned;
+  ASSIGN_OR_RETURN(owned.session, sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(owned.pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(owned.runs, ToPageRuns(request.pages()));
+  ASSIGN_OR_RETURN(PinnedPages pinned,
+                   PinnedPages::PinForRead(owned.pool, owned.runs,
+                                           owned.session->tag(),
+                                           /*owned_pages_idle=*/true));
   ASSIGN_OR_RETURN(uint64_t bytes,
                    CheckPageIoSize(*owned.pool, CountPages(owned.runs)));
   const PoolGeometry& g = owned.pool->geometry();

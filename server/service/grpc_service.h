@@ -33,6 +33,10 @@ namespace hostkv {
   X(ReadPages, ReadPagesRequest, ReadPagesResponse)                         \
   X(WritePages, WritePagesRequest, WritePagesResponse)                      \
   X(GetPageBufferMeta, GetPageBufferMetaRequest, GetPageBufferMetaResponse) \
+  X(Publish, PublishRequest, PublishResponse)                                \
+  X(Lookup, LookupRequest, LookupResponse)                                   \
+  X(Release, ReleaseRequest, ReleaseResponse)                                \
+  X(CopyPages, CopyPagesRequest, CopyPagesResponse)                          \
   X(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)
 
 class GrpcService final : public v1::HostKV::Service {

@@ -95,13 +95,13 @@ absl::StatusOr<v1::CloseSessionResponse> RequestHandler::CloseSession(
     const v1::CloseSessionRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Remove(request.session_id()));
-  return Release(*session, "closed");
+  return ReleaseSession(*session, "closed");
 }
 
 absl::Status RequestHandler::EndSession(const SessionId& id,
                                         const char* reason) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Remove(id));
-  Release(*session, reason);
+  ReleaseSession(*session, reason);
   return absl::OkStatus();
 }
 
@@ -111,7 +111,7 @@ void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
     // A request may have touched it since; Remove only what is still idle.
     if (session->last_active() >= absl::Now() - lease) continue;
     if (sessions_->Remove(session->id()).ok()) {
-      Release(*session, "lease_expired");
+      ReleaseSession(*session, "lease_expired");
     }
   }
 }
@@ -198,8 +198,8 @@ void RequestHandler::DeletePoolsOf(const Session& session) {
   }
 }
 
-v1::CloseSessionResponse RequestHandler::Release(Session& session,
-                                                 const char* reason) {
+v1::CloseSessionResponse RequestHandler::ReleaseSession(Session& session,
+                                                        const char* reason) {
   session.MarkEnding();
   sessions_->RecordEnd(session.id(), reason);
   if (metrics_ != nullptr) metrics_->RecordSessionEnd(reason);
@@ -217,10 +217,16 @@ v1::CloseSessionResponse RequestHandler::Release(Session& session,
   response.set_imports_closed(static_cast<uint32_t>(imports.size()));
   imports.clear();
   uint64_t pages = 0;
+  uint64_t references = 0;
   for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
     pages += pool->allocator().FreeAllOwnedBy(session.tag());
+    references += pool->cache().ReleaseAll(session.tag());
   }
   response.set_pages_freed(pages);
+  if (references != 0) {
+    spdlog::info("session {}: dropped its {} references on cached pages",
+                 session.tag(), references);
+  }
   DeletePoolsOf(session);
   spdlog::info("session {} ended ({}): client='{}' freed {} pages, closed {} "
                "imports, open for {}",

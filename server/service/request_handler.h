@@ -50,6 +50,13 @@ struct RequestLimits {
   // group read-write in this group and the session's peer is a member;
   // unset: only the peer's own segments.
   std::optional<uint32_t> shm_group;
+  // The page cache: how long a Publish waits for copies in flight on its
+  // pages (a backup filling them); references one session may hold on
+  // cached pages (each pins a page against eviction); bytes one CopyPages
+  // call may copy (it runs on the request's thread).
+  absl::Duration cache_publish_wait = absl::Seconds(30);
+  uint64_t max_cache_refs_per_session = uint64_t{1} << 22;
+  uint64_t max_copy_bytes = uint64_t{1} << 30;
 };
 
 // A session opened or attached over the session socket, with the read-only
@@ -112,6 +119,13 @@ class RequestHandler {
   absl::StatusOr<v1::GetPageBufferMetaResponse> GetPageBufferMeta(
       const v1::GetPageBufferMetaRequest& request);
 
+  // The page cache (cache_requests.cc).
+  absl::StatusOr<v1::PublishResponse> Publish(const v1::PublishRequest& request);
+  absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
+  absl::StatusOr<v1::ReleaseResponse> Release(const v1::ReleaseRequest& request);
+  absl::StatusOr<v1::CopyPagesResponse> CopyPages(
+      const v1::CopyPagesRequest& request);
+
   absl::StatusOr<v1::GetPoolStatsResponse> GetPoolStats(
       const v1::GetPoolStatsRequest& request);
 
@@ -167,8 +181,23 @@ class RequestHandler {
   // has freed its pages); one still used by others stays, with a warning.
   void DeletePoolsOf(const Session& session);
   // Cancels the session's pending copies, waits for the running one, closes
-  // its imports, frees its pages. The session is out of the registry.
-  v1::CloseSessionResponse Release(Session& session, const char* reason);
+  // its imports, frees its pages, drops its cache references. The session
+  // is out of the registry.
+  v1::CloseSessionResponse ReleaseSession(Session& session, const char* reason);
+  // The session of a cache request and its pool, which it may use.
+  struct CacheTarget {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<HostPool> pool;
+  };
+  absl::StatusOr<CacheTarget> ResolveCacheTarget(const SessionId& session_id,
+                                                 const std::string& pool_name);
+  // ResourceExhausted if `more` references would take the session past
+  // max_cache_refs_per_session.
+  absl::Status CheckReferenceLimit(const CacheTarget& target,
+                                   uint64_t more) const;
+  // A request that took references or pages for a session that ended
+  // meanwhile (its release may have run already): drop them again.
+  void UndoForEndedSession(const CacheTarget& target) const;
   absl::Status CheckServing() const;
   // Waits until `import` (already out of its session) is used by no
   // operation, then closes it. DeadlineExceeded if copies run on too long.

@@ -1,0 +1,126 @@
+#include "server/cache/namespace_owners.h"
+
+#include "absl/strings/strip.h"
+#include "server/pool/pool_access.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace hostkv {
+namespace {
+
+std::string Describe(const NamespaceOwner& owner) {
+  return owner.unverified ? std::string("sessions without a session socket")
+                          : absl::StrCat("uid ", owner.uid);
+}
+
+std::string Describe(const Principal& who) {
+  return who.peer.has_value() ? absl::StrCat("uid ", who.peer->uid)
+                              : std::string("a session without a session socket");
+}
+
+}  // namespace
+
+absl::StatusOr<CacheSharing> ParseCacheSharing(absl::string_view text) {
+  CacheSharing sharing;
+  if (text == "owner") return sharing;
+  if (text == "any") {
+    sharing.kind = CacheSharing::Kind::kAny;
+    return sharing;
+  }
+  uint32_t gid = 0;
+  if (absl::ConsumePrefix(&text, "group:") && absl::SimpleAtoi(text, &gid)) {
+    sharing.kind = CacheSharing::Kind::kGroup;
+    sharing.gid = gid;
+    return sharing;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--cache_share '", text, "' is not owner, any, or group:NAME"));
+}
+
+std::string CacheSharingName(const CacheSharing& sharing) {
+  switch (sharing.kind) {
+    case CacheSharing::Kind::kOwner:
+      return "owner";
+    case CacheSharing::Kind::kAny:
+      return "any";
+    case CacheSharing::Kind::kGroup:
+      return absl::StrCat("group:", sharing.gid);
+  }
+  return "owner";
+}
+
+NamespaceOwners::NamespaceOwners(CacheSharing sharing, uint32_t max_per_uid)
+    : sharing_(sharing), max_per_uid_(max_per_uid) {}
+
+NamespaceOwner NamespaceOwners::OwnerFor(const Principal& who) {
+  NamespaceOwner owner;
+  owner.unverified = !who.peer.has_value();
+  if (who.peer.has_value()) owner.uid = who.peer->uid;
+  return owner;
+}
+
+uint64_t NamespaceOwners::OwnerKey(const NamespaceOwner& owner) {
+  return owner.unverified ? uint64_t{1} << 32 : owner.uid;
+}
+
+absl::Status NamespaceOwners::CheckUseLocked(const std::string& pool,
+                                             absl::string_view name_space,
+                                             const NamespaceOwner& owner,
+                                             const Principal& who) const {
+  if (who.root() || sharing_.kind == CacheSharing::Kind::kAny) {
+    return absl::OkStatus();
+  }
+  if (owner.unverified) {
+    if (!who.peer.has_value()) return absl::OkStatus();
+  } else if (who.peer.has_value()) {
+    if (who.peer->uid == owner.uid) return absl::OkStatus();
+    if (sharing_.kind == CacheSharing::Kind::kGroup &&
+        who.peer->InGroup(sharing_.gid)) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "cache namespace '", name_space, "' of pool '", pool, "' belongs to ",
+      Describe(owner), " (its first publisher); ", Describe(who),
+      " may not publish or look up in it (hostkvd --cache_share widens this)"));
+}
+
+absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
+                                           absl::string_view name_space,
+                                           const Principal& who) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(name_space);
+  if (it != owners_.end()) {
+    return CheckUseLocked(pool, name_space, it->second, who);
+  }
+  const NamespaceOwner owner = OwnerFor(who);
+  uint32_t& claimed = claimed_[OwnerKey(owner)];
+  if (claimed >= max_per_uid_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Describe(owner), " already publishes in ", claimed,
+        " cache namespaces of pool '", pool,
+        "', the most --max_cache_namespaces_per_uid allows"));
+  }
+  ++claimed;
+  owners_.emplace(std::string(name_space), owner);
+  return absl::OkStatus();
+}
+
+absl::Status NamespaceOwners::CheckUse(const std::string& pool,
+                                       absl::string_view name_space,
+                                       const Principal& who) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(name_space);
+  if (it == owners_.end()) return absl::OkStatus();
+  return CheckUseLocked(pool, name_space, it->second, who);
+}
+
+std::optional<NamespaceOwner> NamespaceOwners::OwnerOf(
+    absl::string_view name_space) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(name_space);
+  if (it == owners_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace hostkv

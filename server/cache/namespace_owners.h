@@ -1,0 +1,84 @@
+// Who may publish and look up in the namespaces of a pool's page cache
+// (README, "Trust model"). A cached page is served to every session that
+// names its key, so a key is a claim about the bytes: a namespace belongs
+// to the uid whose session first published in it, and only that uid (and
+// root) may publish or look up there, unless the daemon shares namespaces
+// with a group or with everyone (--cache_share).
+#ifndef HOSTKV_SERVER_CACHE_NAMESPACE_OWNERS_H_
+#define HOSTKV_SERVER_CACHE_NAMESPACE_OWNERS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace hostkv {
+
+struct Principal;  // server/pool/pool_access.h (which needs this header's users)
+
+// --cache_share: who besides a namespace's owner may use it.
+struct CacheSharing {
+  enum class Kind { kOwner, kGroup, kAny };
+  Kind kind = Kind::kOwner;
+  uint32_t gid = 0;  // kGroup: members of this group (by their peer's groups)
+};
+
+// "owner", "any", "group:GID" -> the sharing; InvalidArgument otherwise
+// (main.cc resolves "group:NAME" to its gid first).
+absl::StatusOr<CacheSharing> ParseCacheSharing(absl::string_view text);
+std::string CacheSharingName(const CacheSharing& sharing);
+
+// The first publisher of a namespace: an attached session's uid, or
+// "unverified" (a session without a session socket, whose uid the daemon
+// cannot know; such sessions share one owner, as they share pools).
+struct NamespaceOwner {
+  bool unverified = false;
+  uint32_t uid = 0;
+};
+
+// Thread-safe.
+class NamespaceOwners {
+ public:
+  // `max_per_uid`: namespaces one owner may claim in this cache (the cache
+  // tells at most kMaxCacheNamespaces apart: no user may take them all).
+  NamespaceOwners(CacheSharing sharing, uint32_t max_per_uid);
+
+  // For a publish: claims `name_space` for `who` if nobody owns it yet
+  // (ResourceExhausted at who's limit), else CheckUse. `pool` names the
+  // pool in errors.
+  absl::Status ClaimOrCheck(const std::string& pool, absl::string_view name_space,
+                            const Principal& who) ABSL_LOCKS_EXCLUDED(mu_);
+  // For a lookup: OK if nobody owns it (nothing is cached there) or `who`
+  // may use it (root, the owner, or as --cache_share says); else
+  // PermissionDenied saying whose it is.
+  absl::Status CheckUse(const std::string& pool, absl::string_view name_space,
+                        const Principal& who) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::optional<NamespaceOwner> OwnerOf(absl::string_view name_space) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status CheckUseLocked(const std::string& pool,
+                              absl::string_view name_space,
+                              const NamespaceOwner& owner,
+                              const Principal& who) const;
+  static NamespaceOwner OwnerFor(const Principal& who);
+  static uint64_t OwnerKey(const NamespaceOwner& owner);
+
+  const CacheSharing sharing_;
+  const uint32_t max_per_uid_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, NamespaceOwner> owners_ ABSL_GUARDED_BY(mu_);
+  // Namespaces claimed per owner (OwnerKey).
+  absl::flat_hash_map<uint64_t, uint32_t> claimed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_CACHE_NAMESPACE_OWNERS_H_

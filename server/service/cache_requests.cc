@@ -1,0 +1,295 @@
+// RequestHandler: the page cache's requests (Publish, Lookup, Release,
+// CopyPages). The cache's own bookkeeping is server/cache/page_cache.h; the
+// pages' ownership is the pool's allocator (kCacheOwner). Lock order: the
+// allocator's, then the cache's; nothing here holds either across a call.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/page_format.h"
+#include "proto/contract/status_macros.h"
+#include "server/pool/pool_access.h"
+#include "server/service/request_handler.h"
+#include "server/service/request_validation.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+namespace {
+
+absl::Status CheckNamespace(const std::string& name_space) {
+  if (name_space.empty() || name_space.size() > kMaxCacheNamespaceBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace is ", name_space.size(), " bytes; it must be 1..",
+        kMaxCacheNamespaceBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKey(const std::string& key, size_t index, const char* what,
+                      bool may_be_empty) {
+  if ((key.empty() && !may_be_empty) || key.size() > kMaxCacheKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", index, " is ", key.size(), " bytes; keys are ",
+        may_be_empty ? "0" : "1", "..", kMaxCacheKeyBytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCount(size_t count, const char* what) {
+  if (count == 0 || count > static_cast<size_t>(kMaxRunsPerRequest)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a request carries 1..", kMaxRunsPerRequest, " ", what, ", not ",
+        count));
+  }
+  return absl::OkStatus();
+}
+
+// Everything Publish can refuse before it moves a page.
+absl::Status CheckPublishRequest(const v1::PublishRequest& request) {
+  RETURN_IF_ERROR(CheckNamespace(request.namespace_()));
+  RETURN_IF_ERROR(CheckCount(request.items_size(), "items"));
+  for (int i = 0; i < request.items_size(); ++i) {
+    RETURN_IF_ERROR(CheckKey(request.items(i).key(), i, "key of item", false));
+    RETURN_IF_ERROR(
+        CheckKey(request.items(i).parent_key(), i, "parent_key of item", true));
+  }
+  return absl::OkStatus();
+}
+
+void AddRuns(const std::vector<PageRun>& runs,
+             google::protobuf::RepeatedPtrField<v1::PageRun>* out) {
+  out->Reserve(static_cast<int>(runs.size()));
+  for (const PageRun& run : runs) {
+    v1::PageRun* r = out->Add();
+    r->set_first_page(run.first_page);
+    r->set_num_pages(run.num_pages);
+  }
+}
+
+v1::PublishOutcome ToProto(PublishOutcome outcome) {
+  switch (outcome) {
+    case PublishOutcome::kCached:
+      return v1::PUBLISH_CACHED;
+    case PublishOutcome::kAlreadyCached:
+      return v1::PUBLISH_ALREADY_CACHED;
+    case PublishOutcome::kConflict:
+      return v1::PUBLISH_CONFLICT;
+  }
+  return v1::PUBLISH_OUTCOME_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<RequestHandler::CacheTarget> RequestHandler::ResolveCacheTarget(
+    const SessionId& session_id, const std::string& pool_name) {
+  CacheTarget target;
+  ASSIGN_OR_RETURN(target.session, sessions_->Get(session_id));
+  ASSIGN_OR_RETURN(target.pool, pools_->Get(pool_name));
+  RETURN_IF_ERROR(CheckPoolUse(target.pool->name(), target.pool->owner(),
+                               Principal::Of(*target.session)));
+  return target;
+}
+
+absl::Status RequestHandler::CheckReferenceLimit(const CacheTarget& target,
+                                                 uint64_t more) const {
+  const uint64_t held =
+      target.pool->cache().ReferencesHeldBy(target.session->tag());
+  if (more > limits_.max_cache_refs_per_session ||
+      held > limits_.max_cache_refs_per_session - more) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the session holds ", held, " references on cached pages of pool '",
+        target.pool->name(), "'; ", more, " more would pass the ",
+        limits_.max_cache_refs_per_session,
+        " --max_cache_refs_per_session allows (Release some first)"));
+  }
+  return absl::OkStatus();
+}
+
+void RequestHandler::UndoForEndedSession(const CacheTarget& target) const {
+  if (!target.session->ending()) return;
+  // Its release dropped references and freed pages when it ran; these came
+  // after it, or raced with it: drop them again (both calls are idempotent).
+  target.pool->cache().ReleaseAll(target.session->tag());
+  target.pool->allocator().FreeAllOwnedBy(target.session->tag());
+}
+
+absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
+    const v1::PublishRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(CacheTarget target,
+                   ResolveCacheTarget(request.session_id(), request.pool()));
+  RETURN_IF_ERROR(CheckPublishRequest(request));
+  HostPool& pool = *target.pool;
+  const OwnerTag tag = target.session->tag();
+  RETURN_IF_ERROR(pool.namespaces().ClaimOrCheck(
+      pool.name(), request.namespace_(), Principal::Of(*target.session)));
+  if (request.acquire()) {
+    RETURN_IF_ERROR(CheckReferenceLimit(target, request.items_size()));
+  }
+  std::vector<uint64_t> pages;
+  pages.reserve(request.items_size());
+  for (const v1::CacheItem& item : request.items()) pages.push_back(item.page());
+  const std::vector<PageRun> runs = ToPageRuns(pages);
+  // The pages become the cache's once no copy fills them any more; from
+  // here on, every exit gives back what the cache did not keep.
+  RETURN_IF_ERROR(pool.allocator()
+                      .Cache(runs, tag, absl::Now() + limits_.cache_publish_wait)
+                      .status());
+  std::vector<PublishItem> items;
+  items.reserve(request.items_size());
+  for (const v1::CacheItem& item : request.items()) {
+    items.push_back({item.key(), item.parent_key(), item.page()});
+  }
+  absl::StatusOr<std::vector<PublishResult>> results = pool.cache().Publish(
+      request.namespace_(), items, request.acquire(), tag);
+  if (!results.ok()) {
+    if (absl::Status back = pool.allocator().Reclaim(runs, tag).status();
+        !back.ok()) {
+      spdlog::error("pool '{}': pages of a failed publish not given back to "
+                    "session {}: {}", pool.name(), tag,
+                    std::string(back.message()));
+    }
+    UndoForEndedSession(target);
+    return results.status();
+  }
+  // The pages the cache did not take stay the caller's: those of items
+  // whose key was cached already, unless another item cached the page.
+  absl::flat_hash_set<uint64_t> kept;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if ((*results)[i].outcome == PublishOutcome::kCached) kept.insert(items[i].page);
+  }
+  std::vector<uint64_t> returned;
+  absl::flat_hash_set<uint64_t> seen;
+  v1::PublishResponse response;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PublishResult& result = (*results)[i];
+    v1::PublishResult* out = response.add_results();
+    out->set_outcome(ToProto(result.outcome));
+    out->set_page(result.page);
+    if (result.outcome == PublishOutcome::kCached) {
+      response.set_cached(response.cached() + 1);
+    } else if (result.outcome == PublishOutcome::kAlreadyCached) {
+      response.set_already_cached(response.already_cached() + 1);
+    }
+    if (!kept.contains(items[i].page) && seen.insert(items[i].page).second) {
+      returned.push_back(items[i].page);
+    }
+  }
+  if (!returned.empty()) {
+    if (absl::Status back =
+            pool.allocator().Reclaim(ToPageRuns(returned), tag).status();
+        !back.ok()) {
+      spdlog::error("pool '{}': pages of already-cached keys not given back "
+                    "to session {}: {}", pool.name(), tag,
+                    std::string(back.message()));
+      return absl::InternalError(absl::StrCat(
+          "publish: pages not given back to the session: ", back.message()));
+    }
+  }
+  UndoForEndedSession(target);
+  spdlog::debug("session {}: published {} pages in '{}' of pool '{}' ({} "
+                "already cached)", tag, response.cached(), request.namespace_(),
+                pool.name(), response.already_cached());
+  return response;
+}
+
+absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
+    const v1::LookupRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(CacheTarget target,
+                   ResolveCacheTarget(request.session_id(), request.pool()));
+  RETURN_IF_ERROR(CheckNamespace(request.namespace_()));
+  RETURN_IF_ERROR(CheckCount(request.keys_size(), "keys"));
+  for (int i = 0; i < request.keys_size(); ++i) {
+    RETURN_IF_ERROR(CheckKey(request.keys(i), i, "key", false));
+  }
+  HostPool& pool = *target.pool;
+  RETURN_IF_ERROR(pool.namespaces().CheckUse(pool.name(), request.namespace_(),
+                                             Principal::Of(*target.session)));
+  if (request.acquire()) {
+    RETURN_IF_ERROR(CheckReferenceLimit(target, request.keys_size()));
+  }
+  std::vector<absl::string_view> keys(request.keys().begin(),
+                                      request.keys().end());
+  ASSIGN_OR_RETURN(LookupResult found,
+                   pool.cache().Lookup(request.namespace_(), keys,
+                                       request.acquire(), target.session->tag()));
+  if (request.acquire()) UndoForEndedSession(target);
+  v1::LookupResponse response;
+  response.set_hits(found.hits);
+  AddRuns(ToPageRuns(found.pages), response.mutable_pages());
+  return response;
+}
+
+absl::StatusOr<v1::ReleaseResponse> RequestHandler::Release(
+    const v1::ReleaseRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
+  ASSIGN_OR_RETURN(const uint64_t released,
+                   pool->cache().Release(session->tag(), runs));
+  v1::ReleaseResponse response;
+  response.set_released(released);
+  return response;
+}
+
+absl::StatusOr<v1::CopyPagesResponse> RequestHandler::CopyPages(
+    const v1::CopyPagesRequest& request) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(CacheTarget target,
+                   ResolveCacheTarget(request.session_id(), request.pool()));
+  ASSIGN_OR_RETURN(std::vector<PageRun> from, ToPageRuns(request.from_pages()));
+  ASSIGN_OR_RETURN(std::vector<PageRun> to, ToPageRuns(request.to_pages()));
+  const OwnerTag tag = target.session->tag();
+  const PoolGeometry& g = target.pool->geometry();
+  std::vector<PageRun> all = from;
+  all.insert(all.end(), to.begin(), to.end());
+  for (const PageRun& run : all) {
+    if (run.first_page >= g.num_pages() ||
+        run.num_pages > g.num_pages() - run.first_page) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pages [", run.first_page, ", +", run.num_pages,
+          ") out of range: the pool has ", g.num_pages(), " pages"));
+    }
+  }
+  RETURN_IF_ERROR(CheckNoOverlap(PagesToTokenSpans(all, 1),
+                                 "from_pages and to_pages"));
+  const uint64_t pages = CountPages(from);
+  if (pages != CountPages(to)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "from_pages cover ", pages, " pages but to_pages ", CountPages(to)));
+  }
+  if (pages > limits_.max_copy_bytes / g.page_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        pages, " pages of ", g.page_bytes(), " bytes exceed the ",
+        limits_.max_copy_bytes, " bytes one CopyPages call copies; split it"));
+  }
+  // Sources: read-only pins (cached pages the session references, or its
+  // own pages with no copy in flight); targets: its own idle pages, pinned
+  // so that nothing frees or hands them over meanwhile.
+  ASSIGN_OR_RETURN(PinnedPages sources,
+                   PinnedPages::PinForRead(target.pool, from, tag,
+                                           /*owned_pages_idle=*/true));
+  RETURN_IF_ERROR(target.pool->allocator().CheckOwnedIdle(to, tag));
+  ASSIGN_OR_RETURN(PinnedPages targets, PinnedPages::Pin(target.pool, to, tag));
+  size_t to_run = 0;
+  uint64_t to_offset = 0;
+  for (const PageRun& run : from) {
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      CopyPage(g, target.pool->base(), p, to[to_run].first_page + to_offset);
+      if (++to_offset == to[to_run].num_pages) {
+        ++to_run;
+        to_offset = 0;
+      }
+    }
+  }
+  v1::CopyPagesResponse response;
+  response.set_pages(pages);
+  response.set_bytes(pages * g.page_bytes());
+  return response;
+}
+
+}  // namespace hostkv
