@@ -9,6 +9,7 @@ for hostkv or health. Checks the numbers the demo left behind.
 
 usage: reflection_test.py HOSTKVD HOSTKV_CLI
 """
+import base64
 import json
 import os
 import shutil
@@ -120,6 +121,44 @@ def main():
         assert pool.get("usedPages", "0") == "0", pool
         assert pool["loads"] == "1" and pool["backups"] == "1", pool
         assert pool["layout"] == "LAYOUT_PAGE_FIRST", pool
+
+        # The page cache as an operator drives it with grpcurl: a session
+        # (unverified: no session socket) publishes a page, closes, and the
+        # page stays cached, visible in GetPoolStats.
+        def call(method, request):
+            return reflector.unary(channel, "hostkv.v1.HostKV", method, json.dumps(request))
+        sid = call("OpenSession", {"clientName": "grpcurl"})["sessionId"]
+        call("CreatePool", {"sessionId": sid, "spec": {
+            "name": "ops", "pageSize": 16, "layout": "LAYOUT_PAGE_FIRST",
+            "capacityTokens": "256", "geometry": {
+                "dtype": "DTYPE_BF16", "mha": {"numLayers": 2, "numKvHeads": 1, "headDim": 8}}}})
+        pages = call("Alloc", {"sessionId": sid, "pool": "ops", "numTokens": 32})["pages"]
+        first = int(pages[0].get("firstPage", "0"))  # JSON leaves out zeros
+        key0, key1 = base64.b64encode(b"page-0").decode(), base64.b64encode(b"page-1").decode()
+        published = call("Publish", {"sessionId": sid, "pool": "ops", "namespace": "ops-demo",
+                                     "items": [{"key": key0, "page": str(first)},
+                                               {"key": key1, "parentKey": key0,
+                                                "page": str(first + 1)}]})
+        print("Publish:", published)
+        assert published["cached"] == "2", published
+        call("CloseSession", {"sessionId": sid})
+        sid = call("OpenSession", {"clientName": "grpcurl"})["sessionId"]
+        found = call("Lookup", {"sessionId": sid, "pool": "ops", "namespace": "ops-demo",
+                                "keys": [key0, key1, base64.b64encode(b"nope").decode()]})
+        print("Lookup:", found)
+        assert found["hits"] == "2", found
+        runs = [(int(r.get("firstPage", "0")), int(r["numPages"])) for r in found["pages"]]
+        assert runs == [(first, 2)], found
+        pool = call("GetPoolStats", {"pool": "ops"})["pools"][0]
+        print("GetPoolStats(ops) after publishing:", json.dumps(pool))
+        assert pool["cachedPages"] == "2" and pool["usedPages"] == "2", pool
+        assert pool["cache"]["cachedPages"] == "2", pool
+        assert pool["cache"]["evictablePages"] == "1", pool  # the leaf; its parent waits
+        assert pool["cache"]["hits"] == "2" and pool["cache"]["misses"] == "1", pool
+        ns = pool["cacheNamespaces"][0]
+        assert ns["name"] == "ops-demo" and ns["ownerUnverified"] is True, ns
+        assert int(pool["cacheReservedBytes"]) > 0, pool
+        call("CloseSession", {"sessionId": sid})
 
         for service in ("", "hostkv.v1.HostKV"):
             health = reflector.unary(channel, "grpc.health.v1.Health", "Check",
