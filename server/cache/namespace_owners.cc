@@ -123,4 +123,9 @@ std::optional<NamespaceOwner> NamespaceOwners::OwnerOf(
   return it->second;
 }
 
+size_t NamespaceOwners::size() const {
+  absl::MutexLock lock(&mu_);
+  return owners_.size();
+}
+
 }  // namespace hostkv

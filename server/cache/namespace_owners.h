@@ -62,6 +62,8 @@ class NamespaceOwners {
 
   std::optional<NamespaceOwner> OwnerOf(absl::string_view name_space) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Namespaces claimed.
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Status CheckUseLocked(const std::string& pool,

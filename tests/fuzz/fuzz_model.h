@@ -93,6 +93,8 @@ struct SessionModel {
   uint32_t uid = 0;  // of the attached peer
   uint32_t gid = 0;
   std::map<std::string, std::set<uint64_t>> pages;  // pool -> owned pages
+  // pool -> cached pages the session references (a page once per reference)
+  std::map<std::string, std::multiset<uint64_t>> refs;
   std::vector<ImportModel> imports;
   std::vector<PassedFdModel> passed;
   uint64_t TotalPages() const {

@@ -68,6 +68,14 @@ void Harness::Dispatch(int op) {
   switch (op) {
     case kAlloc:
       return DoAlloc();
+    case kPublish:
+      return DoPublish();
+    case kLookup:
+      return DoLookup();
+    case kRelease:
+      return DoRelease();
+    case kCopyPages:
+      return DoCopyPages();
     case kFree:
       return DoFree();
     case kLoad:
@@ -160,7 +168,11 @@ void Harness::PrintStats() const {
                                        "AttachSession",
                                        "ExpireIdleSessions",
                                        "AcceptPassedFd",
-                                       "FetchPoolSegment"};
+                                       "FetchPoolSegment",
+                                       "Publish",
+                                       "Lookup",
+                                       "Release",
+                                       "CopyPages"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
   std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
   for (int op = 0; op < kOpCount; ++op) {
@@ -182,6 +194,11 @@ void Harness::Quiesce() {
     }
   }
   while (transfers_.queued() != 0) std::this_thread::yield();
+  // Pages freed (evictions free many) are zeroed by each pool's scrubber
+  // thread: let it finish, so that no input's end sees its allocations.
+  for (const auto& pool : pools_.List()) {
+    while (pool->allocator().scrubbing_pages() != 0) std::this_thread::yield();
+  }
   outstanding_ = 0;
 }
 
@@ -211,7 +228,12 @@ void Harness::TearDown() {
   FUZZ_CHECK(admin.ok(),
              "teardown: open a root session: ", admin.status().ToString());
   for (const auto& pool : pools_.List()) {
-    if (IsIntactBasePool(*pool)) continue;
+    // A base pool whose cache an input touched is replaced too: the next
+    // input starts from an empty cache with no namespace claimed.
+    if (IsIntactBasePool(*pool) && pool->namespaces().size() == 0 &&
+        pool->allocator().cached_pages() == 0) {
+      continue;
+    }
     v1::DeletePoolRequest r;
     r.set_pool(pool->name());
     r.set_session_id(admin->session->id());

@@ -15,6 +15,7 @@
 //                               FetchPoolSegment
 //   harness_transfers.cc        Load, Backup and the Backup-then-Load round
 //                               trip
+//   harness_cache.cc            Publish, Lookup, Release, CopyPages
 //
 // Every reply is checked against the model, errors by their code: a
 // malformed session id (not 16 bytes) is INVALID_ARGUMENT and an unknown one
@@ -90,6 +91,10 @@ class Harness {
     kExpireIdle,
     kPassFd,
     kFetchPoolSegment,
+    kPublish,
+    kLookup,
+    kRelease,
+    kCopyPages,
     kOpCount
   };
 
@@ -200,6 +205,21 @@ class Harness {
   DeviceTarget PassSealedMemfd(size_t live_index, uint64_t size);
   void DoPassFd();
   void DoFetchPoolSegment();
+
+  // harness_cache.cc
+  std::string PickNamespace();
+  std::string PickCacheKey();
+  // Whether the model's session `m` may publish or look up in `ns` of
+  // `pool` as the daemon's record of its owner says (nobody: yes).
+  bool MayUseNamespace(const HostPool& pool, const std::string& ns,
+                       const SessionModel& m) const;
+  void DoPublish();
+  void DoLookup();
+  void DoRelease();
+  void DoCopyPages();
+  // Cached pages of every pool the model says no session references are
+  // not referenced; the allocator's cached pages are the cache's.
+  void CheckCacheInvariants(const HostPool& pool);
 
   // harness_pools_sessions.cc
   void DoCreatePool();

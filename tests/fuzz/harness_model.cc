@@ -227,8 +227,11 @@ void Harness::CheckInvariants() {
       FUZZ_CHECK(by_tag.count(tag), "pool ", pool->name(), ": ", pages,
                  " pages owned by tag ", tag, ", which is no open session");
     }
-    FUZZ_CHECK(free_pages + used == a.num_pages(), "pool ", pool->name(),
-               ": free ", free_pages, " + used ", used, " != ", a.num_pages());
+    const uint64_t cached = a.cached_pages();
+    FUZZ_CHECK(free_pages + used + cached == a.num_pages(), "pool ",
+               pool->name(), ": free ", free_pages, " + used ", used,
+               " + cached ", cached, " != ", a.num_pages());
+    CheckCacheInvariants(*pool);
     for (const SessionModel& s : live_) {
       auto it = s.pages.find(pool->name());
       const uint64_t want = it == s.pages.end() ? 0 : it->second.size();

@@ -2,6 +2,8 @@
 // AttachSession, the idle-session sweep and GetPoolStats.
 #include <unistd.h>
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -152,6 +154,10 @@ void Harness::DoDeletePool() {
   for (const SessionModel& s : live_) {
     auto it = s.pages.find(r.pool());
     if (it != s.pages.end() && !it->second.empty()) in_use = true;
+    // Cached pages a session references keep the pool; unreferenced ones
+    // go with it.
+    auto held = s.refs.find(r.pool());
+    if (held != s.refs.end() && !held->second.empty()) in_use = true;
     for (const ImportModel& i : s.imports) in_use |= i.pool == r.pool();
   }
   const bool engine_idle = transfers_.queued() == 0;
@@ -177,7 +183,10 @@ void Harness::DoDeletePool() {
     return;
   }
   if (s.ok()) {
-    for (SessionModel& l : live_) l.pages.erase(r.pool());
+    for (SessionModel& l : live_) {
+      l.pages.erase(r.pool());
+      l.refs.erase(r.pool());
+    }
     pool_owners_.erase(r.pool());
     return;
   }
@@ -299,9 +308,23 @@ void Harness::DoGetPoolStats() {
     }
     uint64_t listed = 0;
     for (const v1::SessionUsage& u : p.sessions()) listed += u.pages();
-    FUZZ_CHECK(p.used_pages() == model && listed == model, "stats of ",
-               p.name(), ": used ", p.used_pages(), " listed ", listed,
-               " model ", model);
+    // Used pages are the sessions' plus the page cache's.
+    auto pool = FindPool(p.name());
+    FUZZ_CHECK(pool != nullptr);
+    uint64_t referenced = 0;
+    for (const SessionModel& m : live_) {
+      auto it = m.refs.find(p.name());
+      if (it != m.refs.end()) referenced += std::set<uint64_t>(it->second.begin(),
+                                                               it->second.end()).size();
+    }
+    FUZZ_CHECK(p.used_pages() == model + p.cached_pages() && listed == model &&
+                   p.cached_pages() == pool->allocator().cached_pages() &&
+                   p.cache().referenced_pages() == referenced &&
+                   p.cache().cached_pages() <= p.cached_pages(),
+               "stats of ", p.name(), ": used ", p.used_pages(), " listed ",
+               listed, " model ", model, " cached ", p.cached_pages(),
+               " referenced ", p.cache().referenced_pages(), " model ",
+               referenced);
   }
   FUZZ_CHECK(s->sessions_size() == static_cast<int>(live_.size()));
   for (const v1::SessionInfo& info : s->sessions()) {

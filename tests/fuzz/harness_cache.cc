@@ -1,0 +1,332 @@
+// Harness: the page cache's requests (Publish, Lookup, Release, CopyPages).
+//
+// The model knows what each session owns and which cached pages it
+// references (exactly: referenced pages are never evicted), not which keys
+// are cached (allocations evict behind its back); the daemon's cache is
+// asked for that, and checked for consistency after every step.
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/page_format.h"
+#include "server/pool/pool_access.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/harness.h"
+
+namespace hostkv::fuzz {
+namespace {
+
+constexpr const char* kNamespaces[] = {"ns0", "ns1", "ns2"};
+
+bool ValidNamespace(const std::string& ns) {
+  return !ns.empty() && ns.size() <= kMaxCacheNamespaceBytes;
+}
+
+bool ValidKey(const std::string& key, bool may_be_empty) {
+  return (may_be_empty || !key.empty()) && key.size() <= kMaxCacheKeyBytes;
+}
+
+}  // namespace
+
+std::string Harness::PickNamespace() {
+  if (OneIn(16)) return std::string(OneIn(2) ? 0 : kMaxCacheNamespaceBytes + 1, 'n');
+  return kNamespaces[fdp_->ConsumeIntegralInRange<int>(0, 2)];
+}
+
+std::string Harness::PickCacheKey() {
+  if (OneIn(24)) return std::string(OneIn(2) ? 0 : kMaxCacheKeyBytes + 1, 'k');
+  // Few keys, so that publishes collide and lookups hit.
+  return absl::StrCat("k", fdp_->ConsumeIntegralInRange<int>(0, 7));
+}
+
+bool Harness::MayUseNamespace(const HostPool& pool, const std::string& ns,
+                              const SessionModel& m) const {
+  const std::optional<NamespaceOwner> owner = pool.namespaces().OwnerOf(ns);
+  if (!owner.has_value()) return true;
+  if (m.attached && m.uid == 0) return true;
+  if (owner->unverified) return !m.attached;
+  return m.attached && m.uid == owner->uid;  // --cache_share=owner
+}
+
+namespace {
+
+// A pool in which `m` holds references, or "" (then the caller picks).
+std::string PoolWithReferences(const SessionModel* m) {
+  if (m == nullptr) return "";
+  for (const auto& [pool, held] : m->refs) {
+    if (!held.empty()) return pool;
+  }
+  return "";
+}
+
+}  // namespace
+
+void Harness::DoPublish() {
+  v1::PublishRequest r;
+  r.set_session_id(PickSessionId());
+  r.set_pool(PickPoolName());
+  r.set_namespace_(PickNamespace());
+  r.set_acquire(OneIn(2));
+  const auto pool = FindPool(r.pool());
+  SessionModel* m = FindLive(r.session_id());
+  const uint64_t num_pages = pool ? pool->allocator().num_pages() : 100;
+  std::vector<uint64_t> pages;
+  for (const PageRun& run : PickPageRuns(m, r.pool(), num_pages, 8)) {
+    for (uint64_t i = 0; i < std::min<uint64_t>(run.num_pages, 8); ++i) {
+      pages.push_back(run.first_page + i);
+    }
+  }
+  bool keys_valid = !pages.empty();
+  std::string previous;
+  for (uint64_t page : pages) {
+    v1::CacheItem* item = r.add_items();
+    item->set_key(PickCacheKey());
+    item->set_parent_key(OneIn(2) ? previous : (OneIn(8) ? PickCacheKey() : ""));
+    item->set_page(page);
+    keys_valid = keys_valid && ValidKey(item->key(), false) &&
+                 ValidKey(item->parent_key(), true);
+    previous = item->key();
+  }
+  const bool ns_allowed =
+      pool != nullptr && m != nullptr && MayUseNamespace(*pool, r.namespace_(), *m);
+  auto s = handler_.Publish(r);
+  Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "Publish")) return;
+  if (pool == nullptr) {
+    FUZZ_CHECK(absl::IsNotFound(s.status()), "Publish in unknown pool: ",
+               s.status().ToString());
+    return;
+  }
+  if (!MayUsePool(pool_owners_.at(r.pool()), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "Publish in a pool the "
+               "session may not use: ", s.status().ToString());
+    return;
+  }
+  const bool valid = keys_valid && ValidNamespace(r.namespace_());
+  if (!valid) {
+    FUZZ_CHECK(absl::IsInvalidArgument(s.status()), "Publish of bad input: ",
+               s.status().ToString(), " ", r.ShortDebugString());
+    return;
+  }
+  if (!ns_allowed) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()),
+               "Publish in a namespace of another owner: ", s.status().ToString());
+    return;
+  }
+  const bool owned = AllOwned(m, r.pool(), pages);
+  if (!s.ok()) {
+    FUZZ_CHECK(!(owned && outstanding_ == 0) ||
+                   absl::IsResourceExhausted(s.status()),
+               "Publish of owned idle pages refused: ", s.status().ToString());
+    return;
+  }
+  FUZZ_CHECK(owned, "Publish accepted pages the session does not own: ",
+             r.ShortDebugString());
+  FUZZ_CHECK(s->results_size() == r.items_size(), "Publish answered ",
+             s->results_size(), " results for ", r.items_size(), " items");
+  std::set<uint64_t> taken;
+  for (int i = 0; i < s->results_size(); ++i) {
+    const v1::PublishResult& result = s->results(i);
+    const uint64_t page = r.items(i).page();
+    FUZZ_CHECK(pool->cache().IsCached(result.page()) ||
+                   result.outcome() == v1::PUBLISH_CONFLICT,
+               "Publish result page ", result.page(), " is not cached");
+    if (result.outcome() == v1::PUBLISH_CACHED) {
+      FUZZ_CHECK(result.page() == page, "a cached item's page changed");
+      taken.insert(page);
+    } else {
+      FUZZ_CHECK(result.outcome() == v1::PUBLISH_ALREADY_CACHED ||
+                     result.outcome() == v1::PUBLISH_CONFLICT,
+                 "Publish outcome ", result.outcome());
+    }
+    if (r.acquire() && result.outcome() != v1::PUBLISH_CONFLICT) {
+      m->refs[r.pool()].insert(result.page());
+    }
+  }
+  for (uint64_t page : taken) m->pages[r.pool()].erase(page);
+}
+
+void Harness::DoLookup() {
+  v1::LookupRequest r;
+  r.set_session_id(PickSessionId());
+  r.set_pool(PickPoolName());
+  r.set_namespace_(PickNamespace());
+  r.set_acquire(OneIn(2));
+  const int n = fdp_->ConsumeIntegralInRange<int>(OneIn(16) ? 0 : 1, 6);
+  bool keys_valid = n > 0;
+  for (int i = 0; i < n; ++i) {
+    r.add_keys(PickCacheKey());
+    keys_valid = keys_valid && ValidKey(r.keys(i), false);
+  }
+  const auto pool = FindPool(r.pool());
+  SessionModel* m = FindLive(r.session_id());
+  const bool ns_allowed =
+      pool != nullptr && m != nullptr && MayUseNamespace(*pool, r.namespace_(), *m);
+  auto s = handler_.Lookup(r);
+  Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "Lookup")) return;
+  if (pool == nullptr) {
+    FUZZ_CHECK(absl::IsNotFound(s.status()), "Lookup in unknown pool");
+    return;
+  }
+  if (!MayUsePool(pool_owners_.at(r.pool()), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "Lookup in a pool the "
+               "session may not use: ", s.status().ToString());
+    return;
+  }
+  if (!keys_valid || !ValidNamespace(r.namespace_())) {
+    FUZZ_CHECK(absl::IsInvalidArgument(s.status()), "Lookup of bad input: ",
+               s.status().ToString());
+    return;
+  }
+  if (!ns_allowed) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()),
+               "Lookup in a namespace of another owner: ", s.status().ToString());
+    return;
+  }
+  FUZZ_CHECK(s.ok(), "Lookup refused: ", s.status().ToString());
+  const std::vector<PageRun> runs = ToRuns(s->pages());
+  uint64_t pages = 0;
+  for (const PageRun& run : runs) {
+    pages += run.num_pages;
+    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
+      FUZZ_CHECK(pool->cache().IsCached(p), "Lookup returned page ", p,
+                 ", which is not cached");
+      if (r.acquire()) m->refs[r.pool()].insert(p);
+    }
+  }
+  FUZZ_CHECK(pages == s->hits() && s->hits() <= static_cast<uint64_t>(n),
+             "Lookup: ", s->hits(), " hits, ", pages, " pages, ", n, " keys");
+}
+
+void Harness::DoRelease() {
+  v1::ReleaseRequest r;
+  r.set_session_id(PickSessionId());
+  SessionModel* m = FindLive(r.session_id());
+  const std::string held_in = PoolWithReferences(m);
+  r.set_pool(!held_in.empty() && !OneIn(4) ? held_in : PickPoolName());
+  const auto pool = FindPool(r.pool());
+  std::vector<uint64_t> pages;
+  if (m != nullptr && !m->refs[r.pool()].empty() && !OneIn(4)) {
+    std::vector<uint64_t> held(m->refs[r.pool()].begin(), m->refs[r.pool()].end());
+    const int n = fdp_->ConsumeIntegralInRange<int>(1, static_cast<int>(held.size()));
+    for (int i = 0; i < n; ++i) {
+      pages.push_back(held[fdp_->ConsumeIntegralInRange<size_t>(0, held.size() - 1)]);
+    }
+  } else {
+    pages.push_back(PickU64(pool ? pool->allocator().num_pages() : 100));
+  }
+  for (uint64_t p : pages) {
+    v1::PageRun* run = r.add_pages();
+    run->set_first_page(p);
+    run->set_num_pages(1);
+  }
+  auto s = handler_.Release(r);
+  Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "Release")) return;
+  if (pool == nullptr) return;
+  std::multiset<uint64_t> held = m->refs[r.pool()];
+  bool all_held = true;
+  for (uint64_t p : pages) {
+    auto it = held.find(p);
+    if (it == held.end()) {
+      all_held = false;
+      break;
+    }
+    held.erase(it);
+  }
+  FUZZ_CHECK(s.ok() == all_held, "Release of ", all_held ? "held" : "unheld",
+             " pages answered ", s.status().ToString());
+  if (!s.ok()) return;
+  FUZZ_CHECK(s->released() == pages.size(), "Release released ", s->released());
+  m->refs[r.pool()] = held;
+}
+
+void Harness::DoCopyPages() {
+  v1::CopyPagesRequest r;
+  r.set_session_id(PickSessionId());
+  SessionModel* m = FindLive(r.session_id());
+  const std::string held_in = PoolWithReferences(m);
+  r.set_pool(!held_in.empty() && !OneIn(4) ? held_in : PickPoolName());
+  const auto pool = FindPool(r.pool());
+  const uint64_t num_pages = pool ? pool->allocator().num_pages() : 100;
+  const std::vector<PageRun> to = PickPageRuns(m, r.pool(), num_pages, 4);
+  std::vector<uint64_t> from;
+  if (m != nullptr && !m->refs[r.pool()].empty() && !OneIn(4)) {
+    std::vector<uint64_t> held(m->refs[r.pool()].begin(), m->refs[r.pool()].end());
+    for (const PageRun& run : to) {
+      for (uint64_t i = 0; i < std::min<uint64_t>(run.num_pages, 4); ++i) {
+        from.push_back(held[fdp_->ConsumeIntegralInRange<size_t>(0, held.size() - 1)]);
+      }
+    }
+  } else {
+    from.push_back(PickU64(num_pages));
+  }
+  SetRuns(to, r.mutable_to_pages());
+  for (uint64_t p : from) {
+    v1::PageRun* run = r.add_from_pages();
+    run->set_first_page(p);
+    run->set_num_pages(1);
+  }
+  auto s = handler_.CopyPages(r);
+  Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "CopyPages")) return;
+  if (!s.ok()) return;
+  FUZZ_CHECK(pool != nullptr && m != nullptr);
+  std::vector<uint64_t> to_pages;
+  FUZZ_CHECK(DistinctPages(to, num_pages, &to_pages) &&
+                 AllOwned(m, r.pool(), to_pages),
+             "CopyPages wrote pages the session does not own: ",
+             r.ShortDebugString());
+  FUZZ_CHECK(to_pages.size() == from.size(), "CopyPages of unequal totals");
+  std::set<uint64_t> seen(to_pages.begin(), to_pages.end());
+  for (uint64_t p : from) {
+    FUZZ_CHECK(m->refs[r.pool()].count(p) || m->pages[r.pool()].count(p),
+               "CopyPages read page ", p, ", neither referenced nor owned");
+    FUZZ_CHECK(seen.insert(p).second, "CopyPages accepted overlapping pages");
+  }
+  // The bytes arrived (read back through the pool's own page format).
+  const PoolGeometry& g = pool->geometry();
+  std::vector<BufferPiece> a, b;
+  for (size_t i = 0; i < from.size(); ++i) {
+    a.clear();
+    b.clear();
+    AppendPageBufferPieces(g, from[i], &a);
+    AppendPageBufferPieces(g, to_pages[i], &b);
+    for (size_t k = 0; k < a.size(); ++k) {
+      FUZZ_CHECK(std::equal(pool->base() + a[k].offset,
+                            pool->base() + a[k].offset + a[k].size,
+                            pool->base() + b[k].offset),
+                 "CopyPages: page ", to_pages[i], " differs from page ", from[i]);
+    }
+  }
+}
+
+void Harness::CheckCacheInvariants(const HostPool& pool) {
+  const absl::Status consistent = pool.cache().CheckConsistency();
+  FUZZ_CHECK(consistent.ok(), "pool ", pool.name(), ": ", consistent.ToString());
+  uint64_t referenced = 0;
+  for (const SessionModel& s : live_) {
+    auto it = s.refs.find(pool.name());
+    const uint64_t want = it == s.refs.end() ? 0 : it->second.size();
+    referenced += want;
+    FUZZ_CHECK(pool.cache().ReferencesHeldBy(s.tag) == want, "pool ",
+               pool.name(), ": session tag ", s.tag, " holds ",
+               pool.cache().ReferencesHeldBy(s.tag), " references, model ", want);
+    if (it == s.refs.end()) continue;
+    for (uint64_t p : it->second) {
+      FUZZ_CHECK(pool.cache().IsCached(p), "pool ", pool.name(), ": referenced page ",
+                 p, " is no longer cached");
+    }
+  }
+  if (outstanding_ == 0) {
+    FUZZ_CHECK(pool.allocator().pages_freed_when_unpinned() == 0, "pool ",
+               pool.name(), ": evicted pages still pinned with nothing in flight");
+    FUZZ_CHECK(pool.allocator().cached_pages() == pool.cache().cached_pages(),
+               "pool ", pool.name(), ": allocator holds ",
+               pool.allocator().cached_pages(), " cached pages, the cache ",
+               pool.cache().cached_pages());
+  }
+}
+
+}  // namespace hostkv::fuzz
