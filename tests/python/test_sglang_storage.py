@@ -1,0 +1,214 @@
+"""HostkvStorage (SGLang's HiCacheStorage on hostkvd's page cache) as
+SGLang's controller drives it: with SGLang's own in-process host pool and
+with hostkv's remote pool; keys as SGLang computes them; bytes compared."""
+import dataclasses
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hostkv  # noqa: E402
+
+from storage_fixtures import Engine, StorageConfig, tokens_of  # noqa: E402
+
+_runs = itertools.count()
+IN_PROCESS = [("mha", "page_first"), ("mha", "layer_first"), ("mha", "page_first_direct"),
+              ("mha", "page_head"), ("mla", "page_first"), ("mla", "layer_first"),
+              ("mla", "page_first_direct")]
+REMOTE = [("mha", "page_first"), ("mha", "layer_first"), ("mla", "page_first_direct")]
+
+
+def unique(prefix):
+    return f"{prefix}-{next(_runs)}"
+
+
+def model_config(attention="mha", **kw):
+    """A config of a model no other test uses (so its own namespace)."""
+    return StorageConfig(model_name=unique("org/model"), is_mla_model=attention == "mla",
+                         **kw)
+
+
+def engines(daemon, attention, layout, remote, count=2, **kw):
+    """`count` engines of a new model sharing the hostkvd pool of their
+    geometry (hostkvd allows 16 pools per uid: the tests share them)."""
+    config = model_config(attention)
+    pool = f"{'remote' if remote else 'inproc'}-{attention}-{layout}"
+    return [Engine(daemon, attention, layout, remote=remote, pool_name=pool,
+                   config=dataclasses.replace(config), **kw) for _ in range(count)]
+
+
+@pytest.fixture
+def no_page_bytes_over_grpc(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("page bytes went over gRPC")
+    for name in ("read_pages", "write_pages"):
+        monkeypatch.setattr(hostkv.Client, name, forbidden)
+
+
+@pytest.mark.parametrize("remote,attention,layout",
+                         [(False, a, l) for a, l in IN_PROCESS] +
+                         [(True, a, l) for a, l in REMOTE])
+def test_set_then_another_engine_gets_identical_bytes(daemon, no_page_bytes_over_grpc,
+                                                      remote, attention, layout):
+    one, two = engines(daemon, attention, layout, remote)
+    try:
+        assert one.storage.namespace == two.storage.namespace
+        assert one.storage.pool_name == two.storage.pool_name
+        idx, keys = one.prefill(tokens_of(1, 5 * 16 + 3), seed=11)
+        assert len(keys) == 5 and all(len(k) == 64 for k in keys)
+        want = one.page_bytes(idx)
+        assert one.storage.batch_set_v1(keys, idx) == [True] * 5
+        # The cached pages are copies: the engine's own pages stay its own.
+        one.host.free(idx)
+        assert two.storage.batch_exists(keys) == 5
+        assert all(two.storage.exists(k) for k in keys)
+        target = two.host.alloc(5 * 16)
+        assert two.page_bytes(target) != want
+        assert two.storage.batch_get_v1(keys, target) == [True] * 5
+        assert two.page_bytes(target) == want
+    finally:
+        one.close()
+        two.close()
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_batch_semantics_follow_sglangs_controller(daemon, remote):
+    (engine,) = engines(daemon, "mha", "page_first", remote, count=1)
+    s = engine.storage
+    try:
+        idx, keys = engine.prefill(tokens_of(3, 5 * 16), seed=13)
+        want = engine.page_bytes(idx)
+        assert s.batch_exists(keys) == 0 and not s.exists(keys[0])
+        assert s.batch_set_v1(keys[:3], idx[:3 * 16]) == [True] * 3
+        assert s.batch_exists(keys) == 3  # keys from the first
+        assert s.batch_exists(keys[1:]) == 2 and s.batch_exists(keys[3:]) == 0
+        cached = _cached_pages(engine)
+        # Setting what is stored stores nothing new; a longer batch adds the rest.
+        assert s.batch_set_v1(keys[:3], idx[:3 * 16]) == [True] * 3
+        assert _cached_pages(engine) == cached
+        assert s.batch_set_v1(keys, idx) == [True] * 5
+        assert _cached_pages(engine) == cached + 2
+        # A get loads the stored prefix and says which keys it loaded.
+        missing = keys[:2] + [keys[4][::-1]] + keys[3:]
+        target = engine.host.alloc(5 * 16)
+        before = engine.page_bytes(target)
+        assert s.batch_get_v1(missing, target) == [True, True, False, False, False]
+        got = engine.page_bytes(target)
+        assert got[:2] == want[:2] and got[2:] == before[2:]
+        # Nothing stays referenced after a get.
+        assert _pool_stats(engine).cache.referenced_pages == 0
+        assert s.batch_get_v1([], target[:0]) == [] and s.batch_exists([]) == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_bad_input_raises_value_error(daemon, remote):
+    (engine,) = engines(daemon, "mha", "layer_first", remote, count=1)
+    s = engine.storage
+    try:
+        idx, keys = engine.prefill(tokens_of(4, 2 * 16), seed=14)
+        with pytest.raises(ValueError):
+            s.batch_set_v1(keys, idx[:16])  # one page for two keys
+        with pytest.raises(ValueError):
+            s.batch_get_v1(keys, idx[1:17].repeat(2))  # not whole pages
+        with pytest.raises(ValueError):
+            s.batch_exists(["x" * 65])  # no key (65 bytes)
+        with pytest.raises(ValueError):
+            s.batch_set_v1([keys[0], 7], idx)
+        assert s.batch_exists(keys) == 0  # nothing stored
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_flat_page_calls_round_trip(daemon, remote):
+    """SGLang's generic path (no interface_v1): flat pages in and out."""
+    one, two = engines(daemon, "mha", "page_first_direct", remote)
+    try:
+        idx, keys = one.prefill(tokens_of(5, 3 * 16), seed=15)
+        pages = [one.host.get_data_page(int(i)) for i in idx[::16].tolist()]
+        assert one.storage.batch_set(keys, pages) is True
+        assert one.storage.set(keys[0], pages[0]) is True  # stored already
+        targets = [one.host.get_dummy_flat_data_page() for _ in keys]
+        got = two.storage.batch_get(keys + ["ab" * 32], targets + [None])
+        assert [g is t for g, t in zip(got, targets)] == [True] * 3 and got[3] is None
+        assert all(torch.equal(g.view(torch.uint8), p.contiguous().view(torch.uint8))
+                   for g, p in zip(got, pages))
+        fresh = two.storage.get(keys[1])
+        assert torch.equal(fresh.view(torch.uint8), pages[1].contiguous().view(torch.uint8))
+        assert two.storage.get("cd" * 32) is None
+    finally:
+        one.close()
+        two.close()
+
+
+def test_two_engines_share_pages_and_store_each_key_once(daemon):
+    one, two = engines(daemon, "mha", "page_first", False)
+    try:
+        tokens = tokens_of(6, 4 * 16)
+        idx1, keys = one.prefill(tokens, seed=16)
+        idx2, keys2 = two.prefill(tokens, seed=16)  # the same prompt, the same KV
+        assert keys == keys2
+        assert one.storage.batch_set_v1(keys[:2], idx1[:32]) == [True] * 2
+        cached = _cached_pages(one)
+        # The second engine stores the whole prompt: only the new pages go in,
+        # and its own copies of what was there go back (no page of its session).
+        assert two.storage.batch_set_v1(keys, idx2) == [True] * 4
+        assert _cached_pages(one) == cached + 2
+        stats = _pool_stats(one)
+        assert sum(u.pages for u in stats.sessions) == 0
+        target = one.host.alloc(4 * 16)
+        assert one.storage.batch_get_v1(keys, target) == [True] * 4
+        assert one.page_bytes(target) == two.page_bytes(idx2)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_namespaces_keep_ranks_apart_unless_the_kv_is_replicated(daemon):
+    config = model_config("mha")
+    rank0 = Engine(daemon, "mha", "page_first", config=dataclasses.replace(config))
+    rank1 = Engine(daemon, "mha", "page_first",
+                   config=dataclasses.replace(config, tp_rank=1, tp_size=2))
+    try:
+        assert rank0.storage.namespace == f"sglang/{config.model_name}/tp0-1/p16/sha256"
+        assert rank1.storage.namespace == f"sglang/{config.model_name}/tp1-2/p16/sha256"
+        idx, keys = rank0.prefill(tokens_of(7, 32), seed=17)
+        assert rank0.storage.batch_set_v1(keys, idx) == [True] * 2
+        assert rank1.storage.batch_exists(keys) == 0
+    finally:
+        rank0.close()
+        rank1.close()
+    mla = model_config("mla")
+    ranks = [Engine(daemon, "mla", "page_first",
+                    config=dataclasses.replace(mla, tp_rank=r, tp_size=2)) for r in (0, 1)]
+    try:
+        assert ranks[0].storage.namespace == ranks[1].storage.namespace == \
+            f"sglang/{mla.model_name}/mla/p16/sha256"
+        idx, keys = ranks[0].prefill(tokens_of(8, 32), seed=18)
+        assert ranks[0].storage.batch_set_v1(keys, idx) == [True] * 2
+        assert ranks[1].storage.batch_exists(keys) == 2
+    finally:
+        for r in ranks:
+            r.close()
+
+
+def test_namespace_from_the_extra_config(daemon):
+    engine = Engine(daemon, "mha", "page_first", namespace="team-a/llama")
+    try:
+        assert engine.storage.namespace == "team-a/llama"
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="namespace"):
+        Engine(daemon, "mha", "page_first", config=StorageConfig(model_name=None))
+
+
+def _pool_stats(engine):
+    (s,) = engine.storage.client.get_pool_stats(engine.storage.pool_name).pools
+    return s
+
+
+def _cached_pages(engine):
+    return _pool_stats(engine).cached_pages
