@@ -13,6 +13,7 @@
   chained; checked against SGLang's source, see the function).
 """
 import hashlib
+import threading
 
 import torch
 
@@ -196,18 +197,21 @@ class InProcessHostPool:
         self.model = HostModel(device.attention, layout, device.layer_num, self.size, ps,
                                row, self.dtype)
         self.kv_buffer = self.model.buf
+        self.lock = threading.RLock()
         self._free = list(range(self.page_num))
 
     def alloc(self, need_size):
         pages = need_size // self.page_size
-        if pages > len(self._free):
-            return None
-        taken, self._free = self._free[:pages], self._free[pages:]
+        with self.lock:
+            if pages > len(self._free):
+                return None
+            taken, self._free = self._free[:pages], self._free[pages:]
         return torch.cat([torch.arange(p * self.page_size, (p + 1) * self.page_size)
                           for p in taken]) if taken else torch.empty(0, dtype=torch.int64)
 
     def free(self, indices):
-        self._free += sorted(set(int(i) // self.page_size for i in indices.tolist()))
+        with self.lock:
+            self._free += sorted(set(int(i) // self.page_size for i in indices.tolist()))
 
     def backup_from_device_all_layer(self, device, host_indices, device_indices, io_backend):
         self.model.backup(device, host_indices, device_indices)

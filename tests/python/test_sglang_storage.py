@@ -3,12 +3,14 @@ SGLang's controller drives it: with SGLang's own in-process host pool and
 with hostkv's remote pool; keys as SGLang computes them; bytes compared."""
 import dataclasses
 import itertools
+import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import hostkv  # noqa: E402
+from hostkv.sglang import storage_names  # noqa: E402
 
 from storage_fixtures import Engine, StorageConfig, tokens_of  # noqa: E402
 
@@ -212,3 +214,71 @@ def _pool_stats(engine):
 
 def _cached_pages(engine):
     return _pool_stats(engine).cached_pages
+
+
+def test_a_full_pool_answers_false_and_the_threads_live_on(daemon):
+    """hostkvd's refusals are misses, not exceptions: SGLang's storage
+    threads would die of one. A pool of 3 pages cannot take 5 at once."""
+    engine = Engine(daemon, "mha", "page_first", config=model_config("mha"),
+                    pool_name=unique("tiny"), pool_tokens=2 * 16)
+    s = engine.storage
+    try:
+        idx, keys = engine.prefill(tokens_of(9, 5 * 16), seed=19)
+        assert s.batch_set_v1(keys, idx) == [False] * 5
+        assert s.batch_exists(keys) == 0
+        assert s.batch_set_v1(keys[:3], idx[:3 * 16]) == [True] * 3
+        # Two more do not fit beside three that are referenced by a get in flight.
+        raw = [storage_names.storage_key(k) for k in keys[:3]]
+        assert raw[0] == bytes.fromhex(keys[0]) and len(raw[0]) == 32
+        hits, held = s.client.lookup(s.pool_name, s.namespace, raw, acquire=True)
+        assert hits == 3
+        assert s.batch_set_v1(keys, idx) == [True] * 3 + [False] * 2
+        s.client.release(s.pool_name, held)
+        # Unreferenced, the old pages are evicted for new ones.
+        assert s.batch_set_v1(keys[3:], idx[3 * 16:]) == [True] * 2
+        assert s.batch_exists(keys[3:]) == 2
+    finally:
+        engine.close()
+
+
+def test_prefetch_and_backup_threads_at_once(daemon):
+    """SGLang's prefetch, prefetch-I/O and backup threads call one storage
+    concurrently; every page comes back with its own bytes."""
+    (engine,) = engines(daemon, "mha", "layer_first", False, count=1)
+    s = engine.storage
+    prompts = []
+    for seed in range(4):
+        idx, keys = engine.prefill(tokens_of(100 + seed, 2 * 16), seed=100 + seed)
+        prompts.append((idx, keys, engine.page_bytes(idx)))
+    failures = []
+
+    def backup(idx, keys):
+        try:
+            for _ in range(5):
+                assert s.batch_set_v1(keys, idx) == [True, True]
+        except Exception as e:  # pylint: disable=broad-except
+            failures.append(e)
+
+    def prefetch(keys, want):
+        try:
+            for _ in range(20):
+                if s.batch_exists(keys) == 2:
+                    target = engine.host.alloc(32)
+                    assert s.batch_get_v1(keys, target) == [True, True]
+                    assert engine.page_bytes(target) == want
+                    engine.host.free(target)
+        except Exception as e:  # pylint: disable=broad-except
+            failures.append(e)
+
+    threads = [threading.Thread(target=backup, args=(idx, keys)) for idx, keys, _ in prompts]
+    threads += [threading.Thread(target=prefetch, args=(keys, want))
+                for _, keys, want in prompts]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        assert all(s.batch_exists(keys) == 2 for _, keys, _ in prompts)
+    finally:
+        engine.close()
