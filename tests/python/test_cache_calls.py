@@ -215,3 +215,21 @@ def test_cache_key_rules():
     assert cache_calls.cache_key(b"x" * 64) == b"x" * 64
     assert cache_calls.page_runs([3, 4, 5, 9, 2]) == [(3, 3), (9, 1), (2, 1)]
     assert cache_calls.page_list([(3, 3), (9, 1)]) == [3, 4, 5, 9]
+
+
+def test_one_page_under_two_keys_is_a_conflict(client, pool, namespace):
+    (first, _), = client.alloc(pool, PAGE)
+    done = client.publish(pool, namespace, [b"one", b"two"], [(first, 1), (first, 1)])
+    assert done.outcomes == [cache_calls.CACHED, cache_calls.CONFLICT]
+    assert done.pages == [first, first] and done.cached == 1
+    assert done.uncached_pages == []  # the page is the cache's
+    assert client.lookup(pool, namespace, [b"one"]).hits == 1
+
+
+def test_publish_with_acquire_holds_the_pages(client, pool, namespace):
+    runs = client.alloc(pool, 2 * PAGE)
+    before = pool_stats(client, pool).cache.referenced_pages
+    client.publish(pool, namespace, [b"h0", b"h1"], runs, acquire=True)
+    assert pool_stats(client, pool).cache.referenced_pages == before + 2
+    assert client.release(pool, runs) == 2
+    assert pool_stats(client, pool).cache.referenced_pages == before
