@@ -54,8 +54,9 @@ class Engine:
     in-process, or hostkv's remote one), and its storage tier."""
 
     def __init__(self, daemon, attention="mha", layout="page_first", page_size=16,
-                 remote=False, pool_name=None, config=None, **extra):
-        self.device = DevicePool(attention, LAYERS, size=16 * page_size, page_size=page_size)
+                 remote=False, pool_name=None, config=None, dtype=torch.bfloat16, **extra):
+        self.device = DevicePool(attention, LAYERS, size=16 * page_size, page_size=page_size,
+                                 dtype=dtype)
         self.io_backend = "direct" if layout == "page_first_direct" else "kernel"
         if remote:
             cls = RemoteMHATokenToKVPoolHost if attention == "mha" else \

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import hostkv  # noqa: E402
 from hostkv.sglang import storage_names  # noqa: E402
 
+from conftest import Daemon  # noqa: E402
 from storage_fixtures import Engine, StorageConfig, tokens_of  # noqa: E402
 
 _runs = itertools.count()
@@ -19,6 +20,14 @@ IN_PROCESS = [("mha", "page_first"), ("mha", "layer_first"), ("mha", "page_first
               ("mha", "page_head"), ("mla", "page_first"), ("mla", "layer_first"),
               ("mla", "page_first_direct")]
 REMOTE = [("mha", "page_first"), ("mha", "layer_first"), ("mla", "page_first_direct")]
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """A daemon of this module's own: its tests hold a pool per geometry."""
+    d = Daemon("--max_pools_per_uid=64")
+    yield d
+    d.stop()
 
 
 def unique(prefix):
@@ -33,9 +42,11 @@ def model_config(attention="mha", **kw):
 
 def engines(daemon, attention, layout, remote, count=2, **kw):
     """`count` engines of a new model sharing the hostkvd pool of their
-    geometry (hostkvd allows 16 pools per uid: the tests share them)."""
+    geometry (the module's tests share one pool per geometry)."""
     config = model_config(attention)
     pool = f"{'remote' if remote else 'inproc'}-{attention}-{layout}"
+    if kw.get("dtype") is not None:
+        pool += f"-{str(kw['dtype']).replace('torch.', '')}"
     return [Engine(daemon, attention, layout, remote=remote, pool_name=pool,
                    config=dataclasses.replace(config), **kw) for _ in range(count)]
 
@@ -195,6 +206,22 @@ def test_namespaces_keep_ranks_apart_unless_the_kv_is_replicated(daemon):
     finally:
         for r in ranks:
             r.close()
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_fp8_kv_kept_as_uint8(daemon, remote):
+    """SGLang keeps fp8 KV as uint8: a pool of fp8 pages, copied as bytes."""
+    one, two = engines(daemon, "mla", "page_first", remote, dtype=torch.uint8)
+    try:
+        idx, keys = one.prefill(tokens_of(10, 3 * 16), seed=20)
+        want = one.page_bytes(idx)
+        assert one.storage.batch_set_v1(keys, idx) == [True] * 3
+        target = two.host.alloc(3 * 16)
+        assert two.storage.batch_get_v1(keys, target) == [True] * 3
+        assert two.page_bytes(target) == want and any(any(b) for b in want)
+    finally:
+        one.close()
+        two.close()
 
 
 def test_namespace_from_the_extra_config(daemon):
