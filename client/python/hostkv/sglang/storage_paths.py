@@ -16,10 +16,14 @@ pages holding copies (the caller publishes or frees them), load(cached
 runs, engine_pages), and kv (the hostkvd pool's pages as SGLang's
 kv_buffer, or None) for the flat-page calls. Errors: hostkv.errors.
 """
+import logging
+
 from .. import cache_calls, errors, mha_pool_spec, mla_pool_spec
 from .. import client as client_module
 from . import page_copy, storage_names
 from .host_pool import _DTYPE_NAMES, RemoteHostKVCache
+
+_log = logging.getLogger("hostkv.sglang.storage")
 
 
 def is_mha(host_pool):
@@ -38,6 +42,10 @@ class RemotePoolPath:
         self.layout = host_pool.layout
         self.mha = is_mha(host_pool)
         self.kv = host_pool.kv_buffer  # None over TCP: flat-page calls unavailable
+        if host_pool.pool.owner.delete_with_session:
+            _log.warning("hostkv storage: host pool %s is private (deleted with the "
+                         "engine's session): its cached pages go with it; name the pool "
+                         "(pool_name=) for them to outlive the engine", self.pool_name)
 
     def store(self, engine_pages):
         runs = self.client.alloc(self.pool_name, len(engine_pages) * self.page_size)
