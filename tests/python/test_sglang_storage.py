@@ -309,3 +309,31 @@ def test_prefetch_and_backup_threads_at_once(daemon):
         assert all(s.batch_exists(keys) == 2 for _, keys, _ in prompts)
     finally:
         engine.close()
+
+
+def test_remote_copies_go_in_calls_of_bounded_size(daemon, monkeypatch):
+    """CopyPages calls stay under hostkvd's --max_copy_bytes: a batch is
+    split, and every page still lands where it belongs."""
+    from hostkv.sglang import storage_paths  # pylint: disable=import-outside-toplevel
+    one, two = engines(daemon, "mha", "page_first", True)
+    calls = []
+    real = hostkv.Client.copy_pages
+
+    def counting(self, pool, from_pages, to_pages):
+        calls.append(sum(n for _, n in from_pages))
+        return real(self, pool, from_pages, to_pages)
+
+    monkeypatch.setattr(hostkv.Client, "copy_pages", counting)
+    monkeypatch.setattr(storage_paths, "COPY_CALL_BYTES", 2 * one.host.pool.page_bytes)
+    try:
+        idx, keys = one.prefill(tokens_of(11, 5 * 16), seed=21)
+        want = one.page_bytes(idx)
+        assert one.storage.batch_set_v1(keys, idx) == [True] * 5
+        assert calls == [2, 2, 1]
+        target = two.host.alloc(5 * 16)
+        assert two.storage.batch_get_v1(keys, target) == [True] * 5
+        assert calls[3:] == [2, 2, 1]
+        assert two.page_bytes(target) == want
+    finally:
+        one.close()
+        two.close()

@@ -24,6 +24,7 @@ from . import page_copy, storage_names
 from .host_pool import _DTYPE_NAMES, RemoteHostKVCache
 
 _log = logging.getLogger("hostkv.sglang.storage")
+COPY_CALL_BYTES = 256 << 20
 
 
 def is_mha(host_pool):
@@ -50,15 +51,24 @@ class RemotePoolPath:
     def store(self, engine_pages):
         runs = self.client.alloc(self.pool_name, len(engine_pages) * self.page_size)
         try:
-            self.client.copy_pages(self.pool_name, cache_calls.page_runs(engine_pages), runs)
+            self._copy(engine_pages, cache_calls.page_list(runs))
         except BaseException:
             self.client.free(self.pool_name, runs)
             raise
         return runs
 
     def load(self, cached_runs, engine_pages):
-        self.client.copy_pages(self.pool_name, cached_runs,
-                               cache_calls.page_runs(engine_pages))
+        self._copy(cache_calls.page_list(cached_runs), engine_pages)
+
+    def _copy(self, from_pages, to_pages):
+        """CopyPages in calls of at most COPY_CALL_BYTES (hostkvd refuses a
+        call over --max_copy_bytes, 1 GiB by default; SGLang's batches of
+        128 pages can be more)."""
+        per_call = max(1, COPY_CALL_BYTES // max(1, self.host_pool.pool.page_bytes))
+        for start in range(0, len(from_pages), per_call):
+            self.client.copy_pages(self.pool_name,
+                                   cache_calls.page_runs(from_pages[start:start + per_call]),
+                                   cache_calls.page_runs(to_pages[start:start + per_call]))
 
     def close(self):
         pass  # the session is the host pool's
