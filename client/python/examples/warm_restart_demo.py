@@ -2,6 +2,9 @@
 
     python3 client/python/examples/warm_restart_demo.py [TARGET]
 
+TARGET defaults to $HOSTKV_TARGET, else unix:$HOSTKV_SOCKET (as the
+quickstart takes it), else unix:/run/hostkv/hostkvd.sock.
+
 Engine 1 (a child process) computes a prompt's KV, backs it up to host
 pages and publishes them under SGLang's page keys through HostkvStorage
 (the storage tier stock SGLang loads with --hicache-storage-backend
@@ -119,8 +122,8 @@ def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--engine-one":
         engine_one(sys.argv[2])
         return
-    target = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
-        "HOSTKV_TARGET", "unix:/run/hostkv/hostkvd.sock")
+    target = (sys.argv[1] if len(sys.argv) > 1 else os.environ.get("HOSTKV_TARGET")
+              or "unix:" + os.environ.get("HOSTKV_SOCKET", "/run/hostkv/hostkvd.sock"))
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine-one",
                               target], stdout=subprocess.PIPE, text=True)
     try:
