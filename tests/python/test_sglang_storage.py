@@ -19,7 +19,7 @@ _runs = itertools.count()
 IN_PROCESS = [("mha", "page_first"), ("mha", "layer_first"), ("mha", "page_first_direct"),
               ("mha", "page_head"), ("mla", "page_first"), ("mla", "layer_first"),
               ("mla", "page_first_direct")]
-REMOTE = [("mha", "page_first"), ("mha", "layer_first"), ("mla", "page_first_direct")]
+REMOTE = IN_PROCESS  # every layout SGLang implements, on both paths
 
 
 @pytest.fixture(scope="module")
