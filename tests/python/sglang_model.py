@@ -7,7 +7,14 @@
 - HostModel: SGLang's host pool semantics by plain indexing, one token and
   one layer at a time: where each (token, layer) row lands for each layout,
   and which bytes get_page_buffer_meta must point at.
+- InProcessHostPool: SGLang's own (in-process) host pool as a storage
+  backend sees it, on HostModel's buffer.
+- page_keys: SGLang's storage keys of a token sequence (get_hash_str,
+  chained; checked against SGLang's source, see the function).
 """
+import hashlib
+import threading
+
 import torch
 
 import hostkv.torch as hkt
@@ -142,3 +149,80 @@ class HostModel:
 
 def _bytes(t):
     return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+# -- The storage tier's view of SGLang ------------------------------------------
+
+def page_keys(token_ids, page_size, prior_hash=None):
+    """SGLang's storage keys of `token_ids`, one per whole page: its
+    get_hash_str(page_tokens, prior_hash) chained page to page (SHA-256 over
+    the prior key's 32 bytes, then each token id as 4 bytes little-endian;
+    the hex digest), as mem_cache/hicache_storage.py (later
+    mem_cache/utils.py) and the controller's get_hash_list compute them."""
+    keys = []
+    prior = prior_hash
+    for start in range(0, len(token_ids) - len(token_ids) % page_size, page_size):
+        hasher = hashlib.sha256()
+        if prior:
+            hasher.update(bytes.fromhex(prior))
+        for t in token_ids[start:start + page_size]:
+            hasher.update(int(t).to_bytes(4, byteorder="little", signed=False))
+        prior = hasher.hexdigest()
+        keys.append(prior)
+    return keys
+
+
+class InProcessHostPool:
+    """SGLang's own MHATokenToKVPoolHost / MLATokenToKVPoolHost as a
+    storage backend sees it: a CPU kv_buffer of this process in the
+    layout's shape (HostModel's), SGLang's sizing (ratio x device size, plus
+    a page), the geometry attributes, page-granular alloc/free, and
+    HostModel's backup and load."""
+
+    def __init__(self, device, layout, ratio=2.0):
+        ps = device.page_size
+        self.page_size, self.layout = ps, layout
+        self.dtype = device.store_dtype
+        self.layer_num = device.layer_num
+        self.start_layer, self.end_layer = 0, device.layer_num - 1
+        self.page_num = int(device.size * ratio) // ps + 1
+        self.size = self.page_num * ps
+        if device.attention == "mha":
+            self.head_num, self.head_dim = device.head_num, device.head_dim
+            row = (device.head_num, device.head_dim)
+        else:
+            self.kv_lora_rank = device.kv_lora_rank
+            self.qk_rope_head_dim = device.qk_rope_head_dim
+            row = (1, device.kv_lora_rank + device.qk_rope_head_dim)
+        self.model = HostModel(device.attention, layout, device.layer_num, self.size, ps,
+                               row, self.dtype)
+        self.kv_buffer = self.model.buf
+        self.lock = threading.RLock()
+        self._free = list(range(self.page_num))
+
+    def alloc(self, need_size):
+        pages = need_size // self.page_size
+        with self.lock:
+            if pages > len(self._free):
+                return None
+            taken, self._free = self._free[:pages], self._free[pages:]
+        return torch.cat([torch.arange(p * self.page_size, (p + 1) * self.page_size)
+                          for p in taken]) if taken else torch.empty(0, dtype=torch.int64)
+
+    def free(self, indices):
+        with self.lock:
+            self._free += sorted(set(int(i) // self.page_size for i in indices.tolist()))
+
+    def backup_from_device_all_layer(self, device, host_indices, device_indices, io_backend):
+        self.model.backup(device, host_indices, device_indices)
+
+    def get_data_page(self, index, flat=True):
+        return self.model.page(int(index))
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros_like(self.model.page(0))
+
+    def page_bytes(self, host_indices):
+        """The bytes of the pages of `host_indices`, page by page."""
+        return [_bytes(self.model.page(int(i)))
+                for i in host_indices[::self.page_size].tolist()]

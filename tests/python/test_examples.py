@@ -19,3 +19,27 @@ def test_sglang_cpu_demo(daemon):
     assert lines[-1] == "OK"
     assert sum("bytes match" in line for line in lines) == 5  # 4 layers + the page view
     assert not any("MISMATCH" in line for line in lines)
+
+
+def test_warm_restart_demo(daemon):
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "warm_restart_demo.py"),
+                          daemon.target], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "OK"
+    assert "published 8 pages" in lines[0]
+    assert "killed with SIGKILL (exit -9)" in lines[1]
+    assert "8 of 8 pages found" in lines[2]
+    assert sum("bytes match" in line for line in lines) == 4  # every layer
+    assert not any("MISMATCH" in line for line in lines)
+
+
+def test_warm_restart_demo_finds_the_quickstarts_socket(daemon):
+    """Without an argument the demo takes $HOSTKV_SOCKET, as README's command
+    (with the quickstart's daemon) runs it."""
+    env = dict(os.environ, HOSTKV_SOCKET=daemon.target[len("unix:"):])
+    env.pop("HOSTKV_TARGET", None)
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "warm_restart_demo.py")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "OK"

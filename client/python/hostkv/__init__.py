@@ -9,9 +9,13 @@
 hostkv.pb is the generated hostkv.v1 message module (PoolSpec, Layout, ...);
 hostkv.shm and hostkv.torch hold the device-buffer helpers; hostkv.cuda
 exports CUDA tensors and waits for layers on CUDA streams (GpuSignals).
+The page cache's calls (Client.publish, lookup, release, copy_pages) are in
+hostkv.cache_calls; hostkv.sglang.HostkvStorage puts SGLang's HiCache
+storage tier on them.
 """
 from . import errors
 from ._proto import hostkv_pb2 as pb
+from .cache_calls import Lookup, Published, cache_key
 from .client import DEFAULT_TARGET, Client, Operation, count_tokens
 from .errors import HostKVError
 
@@ -51,4 +55,5 @@ def mla_pool_spec(name, num_layers, kv_lora_rank, qk_rope_head_dim, page_size, d
 
 
 __all__ = ["Client", "Operation", "HostKVError", "errors", "pb", "DEFAULT_TARGET",
-           "count_tokens", "mha_pool_spec", "mla_pool_spec"]
+           "count_tokens", "mha_pool_spec", "mla_pool_spec", "Lookup", "Published",
+           "cache_key"]

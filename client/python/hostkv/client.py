@@ -6,6 +6,8 @@
         pages = c.alloc(pool.spec.name, 64)            # [(first, count), ...]
         op = c.backup(pool.spec.name, import_id, pages, [(0, 64)])
         c.wait(op)                                     # or wait_layer
+        c.publish(pool.spec.name, "my-model", keys, pages)  # the page cache
+        hits, cached = c.lookup(pool.spec.name, "my-model", keys, acquire=True)
 
 Every failure raises the hostkv.errors class named after its status code.
 Everything the session allocates or registers is released on close() (or
@@ -26,6 +28,7 @@ import weakref
 import grpc
 
 from . import _session_socket, _signals, errors, pool_mapping
+from .cache_calls import CacheCalls
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
 
@@ -76,15 +79,16 @@ def _pairs(runs):
     return flat
 
 
-class Client:
+class Client(CacheCalls):
     """A session with hostkvd at `target` ("unix:PATH" or "HOST:PORT").
 
     On a unix: target the session is opened over the session socket, bound
     to this process's uid, and ends by itself if this process dies; over
     TCP it is opened with OpenSession and a thread renews its lease every
-    lease/3. Raises Unavailable if the daemon cannot be reached,
-    InvalidArgument for a client_name of more than 200 bytes,
-    Unauthenticated without the daemon's token.
+    lease/3. The page cache's calls (publish, lookup, release, copy_pages)
+    come from hostkv.cache_calls.CacheCalls. Raises Unavailable if the
+    daemon cannot be reached, InvalidArgument for a client_name of more
+    than 200 bytes, Unauthenticated without the daemon's token.
     """
 
     def __init__(self, target=DEFAULT_TARGET, client_name="python", auth_token=None,

@@ -30,6 +30,7 @@ from .. import client as client_module
 from .. import errors, mha_pool_spec, mla_pool_spec
 from .. import torch as hostkv_torch
 from . import indices as idx
+from . import page_copy
 from .transfer_sync import sync_for
 
 # Which io_backend each layout supports in SGLang (REFERENCE.md).
@@ -348,7 +349,8 @@ class RemoteHostKVCache:
         raise NotImplementedError
 
     def _page_view(self, buf, index):
-        raise NotImplementedError
+        return page_copy.page_view(buf, self.layout, self.kind == "mha", index,
+                                   self.page_size)
 
 
 class RemoteMHATokenToKVPoolHost(RemoteHostKVCache):
@@ -389,14 +391,6 @@ class RemoteMHATokenToKVPoolHost(RemoteHostKVCache):
                 "page_first_direct": (2, 1, L, ps, H, D),
                 "page_head": (2, 1, H, ps, L, D)}[self.layout]
 
-    def _page_view(self, buf, index):
-        ps, p = self.page_size, index // self.page_size
-        if self.layout == "layer_first":
-            return buf[:, :, index:index + ps]
-        if self.layout == "page_first":
-            return buf[:, index:index + ps]
-        return buf[:, p:p + 1]
-
 
 class RemoteMLATokenToKVPoolHost(RemoteHostKVCache):
     """SGLang's MLATokenToKVPoolHost on hostkvd."""
@@ -427,11 +421,3 @@ class RemoteMLATokenToKVPoolHost(RemoteHostKVCache):
         kv_dim = self.kv_lora_rank + self.qk_rope_head_dim
         return {"layer_first": (L, ps, 1, kv_dim), "page_first": (ps, L, 1, kv_dim),
                 "page_first_direct": (1, L, ps, 1, kv_dim)}[self.layout]
-
-    def _page_view(self, buf, index):
-        ps, p = self.page_size, index // self.page_size
-        if self.layout == "layer_first":
-            return buf[:, index:index + ps]
-        if self.layout == "page_first":
-            return buf[index:index + ps]
-        return buf[p:p + 1]

@@ -1,0 +1,173 @@
+"""The page cache calls of hostkv.Client (Publish, Lookup, Release, CopyPages).
+
+    pages = c.alloc("llama", 4 * 16)                  # 4 pages of 16 tokens
+    ...                                               # fill them (backup, mapping)
+    done = c.publish("llama", "llama-3-8b/tp0-1", keys, pages)
+    c.free("llama", done.uncached_pages)              # keys cached already: still ours
+    hits, cached = c.lookup("llama", "llama-3-8b/tp0-1", keys, acquire=True)
+    c.copy_pages("llama", cached, my_pages[:hits])    # or load them to the device
+    c.release("llama", cached)
+
+Keys are bytes of 1..64 (a str is taken as its utf-8 bytes); pages go in
+and come back as runs [(first_page, num_pages), ...], as alloc and free
+take them. A published page is the cache's (immutable, no session's); a
+lookup with acquire gives this session a reference per page found, which
+keeps it from eviction until release (or the session's end). Errors raise
+the hostkv.errors class of the daemon's code; a malformed key raises
+InvalidArgument before anything is sent.
+"""
+import dataclasses
+from typing import List, NamedTuple, Tuple
+
+from . import errors
+from ._proto import hostkv_pb2 as pb
+
+MAX_KEY_BYTES = 64
+
+CACHED = pb.PUBLISH_CACHED
+ALREADY_CACHED = pb.PUBLISH_ALREADY_CACHED
+CONFLICT = pb.PUBLISH_CONFLICT
+
+
+def cache_key(key, what="key"):
+    """`key` as the bytes the daemon stores: bytes as given, str as utf-8.
+
+    InvalidArgument unless 1..64 bytes, or for another type.
+    """
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    elif isinstance(key, (bytearray, memoryview)):
+        key = bytes(key)
+    elif not isinstance(key, bytes):
+        raise errors.InvalidArgument(f"a {what} is bytes or str, not {type(key).__name__}")
+    if not 1 <= len(key) <= MAX_KEY_BYTES:
+        raise errors.InvalidArgument(
+            f"a {what} has 1..{MAX_KEY_BYTES} bytes, not {len(key)}")
+    return key
+
+
+def page_list(runs):
+    """The page numbers of runs [(first, count), ...], in order."""
+    pages = []
+    for first, count in runs:
+        pages.extend(range(first, first + count))
+    return pages
+
+
+def page_runs(pages):
+    """Run-length encodes page numbers in order: [(first, count), ...]."""
+    runs = []
+    for page in pages:
+        if runs and runs[-1][0] + runs[-1][1] == page:
+            runs[-1][1] += 1
+        else:
+            runs.append([page, 1])
+    return [(first, count) for first, count in runs]
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What Publish did, item by item (PublishResponse).
+
+    outcomes[i]: CACHED (the item's page is now the cache's), ALREADY_CACHED
+    (the key had a page already: that one is kept, the item's page stays
+    the caller's) or CONFLICT (the page was cached by an earlier item of the
+    same call). pages[i]: the page cached under key i now.
+    """
+    outcomes: List[int]
+    pages: List[int]
+    cached: int
+    already_cached: int
+    # The caller's pages the cache did not take (ALREADY_CACHED items), as
+    # runs: still the caller's, to free or to reuse.
+    uncached_pages: List[Tuple[int, int]]
+
+
+class Lookup(NamedTuple):
+    """Lookup's answer: how many keys from the first are cached, and their
+    pages (one per hit, in key order) as runs."""
+    hits: int
+    pages: List[Tuple[int, int]]
+
+
+class CacheCalls:
+    """The page cache's calls, mixed into hostkv.Client (which gives
+    _call, _stub and session_id)."""
+
+    def publish(self, pool, namespace, keys, pages, parent_keys=None, acquire=False):
+        """Publishes `pages` (runs of this session's pages, one page per key,
+        in key order) under `keys` in `namespace`; returns Published.
+
+        parent_keys: None, or one per key (None or b"" for none): the key of
+        the page before this one, evicted only after its cached children.
+        acquire: also take a reference on the page cached under each key.
+        FailedPrecondition for a page this session does not own (or one
+        cached already); PermissionDenied for another user's namespace;
+        InvalidArgument for a malformed key or namespace, or a page count
+        other than the key count. All or nothing on bad input.
+        """
+        keys = [cache_key(k) for k in keys]
+        own = page_list(pages)
+        if len(own) != len(keys):
+            raise errors.InvalidArgument(f"{len(keys)} keys but {len(own)} pages")
+        if parent_keys is None:
+            parents = [b""] * len(keys)
+        else:
+            parents = [b"" if p is None or p in (b"", "") else cache_key(p, "parent key")
+                       for p in parent_keys]
+            if len(parents) != len(keys):
+                raise errors.InvalidArgument(
+                    f"{len(keys)} keys but {len(parents)} parent keys")
+        response = self._call(self._stub.Publish, pb.PublishRequest(
+            session_id=self.session_id, pool=pool, namespace=namespace,
+            items=[pb.CacheItem(key=k, parent_key=p, page=page)
+                   for k, p, page in zip(keys, parents, own)],
+            acquire=acquire))
+        results = list(response.results)
+        if len(results) != len(keys):
+            raise errors.Internal(
+                f"Publish answered {len(results)} results for {len(keys)} items")
+        outcomes = [r.outcome for r in results]
+        return Published(
+            outcomes=outcomes, pages=[r.page for r in results], cached=response.cached,
+            already_cached=response.already_cached,
+            uncached_pages=page_runs([page for page, outcome in zip(own, outcomes)
+                                      if outcome == ALREADY_CACHED]))
+
+    def lookup(self, pool, namespace, keys, acquire=False):
+        """The longest cached prefix of `keys` in `namespace`: Lookup(hits,
+        pages). With acquire the session takes a reference on each page
+        found (release them); without, the pages may be evicted at once.
+        PermissionDenied for another user's namespace.
+        """
+        keys = [cache_key(k) for k in keys]
+        response = self._call(self._stub.Lookup, pb.LookupRequest(
+            session_id=self.session_id, pool=pool, namespace=namespace, keys=keys,
+            acquire=acquire))
+        pages = [(r.first_page, r.num_pages) for r in response.pages]
+        if sum(n for _, n in pages) != response.hits:
+            raise errors.Internal(
+                f"Lookup answered {response.hits} hits but pages for "
+                f"{sum(n for _, n in pages)}")
+        return Lookup(response.hits, pages)
+
+    def release(self, pool, pages):
+        """Drops one of this session's references per page of `pages` (runs;
+        a page listed twice drops two). All or nothing: FailedPrecondition
+        for a page the session holds no (or too few) references on. Returns
+        how many were released."""
+        return self._call(self._stub.Release, pb.ReleaseRequest(
+            session_id=self.session_id, pool=pool,
+            pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in pages])).released
+
+    def copy_pages(self, pool, from_pages, to_pages):
+        """Copies page i of `from_pages` into page i of `to_pages` inside the
+        daemon (every layer, the pool's layout); returns the pages copied
+        once the bytes are there. from_pages: cached pages this session
+        references, or pages it owns; to_pages: pages it owns. Equal totals,
+        no page twice, no overlap, else InvalidArgument / FailedPrecondition.
+        """
+        return self._call(self._stub.CopyPages, pb.CopyPagesRequest(
+            session_id=self.session_id, pool=pool,
+            from_pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in from_pages],
+            to_pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in to_pages])).pages

@@ -1,0 +1,75 @@
+"""Who may use a cache namespace, through hostkv.Client: its first
+publisher's uid (and root); another user gets PermissionDenied, in a pool
+both may use. Needs root (the other user is a child process as nobody)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hostkv
+
+from conftest import Daemon
+
+NOBODY = 65534
+PAGE = 4
+
+# Runs as nobody: what it may do in root's namespace and in its own.
+PROBE = """
+import json, sys
+import hostkv
+from hostkv import cache_calls, errors
+target, pool, theirs, mine = sys.argv[1:5]
+out = {}
+with hostkv.Client(target, "other-user") as c:
+    pages = cache_calls.page_list(c.alloc(pool, 2 * %d))
+    for name, call in (("lookup_theirs", lambda: c.lookup(pool, theirs, [b"root-key"])),
+                       ("publish_theirs", lambda: c.publish(pool, theirs, [b"forged"],
+                                                            [(pages[0], 1)]))):
+        try:
+            call()
+            out[name] = "ok"
+        except errors.HostKVError as e:
+            out[name] = e.code_name
+    done = c.publish(pool, mine, [b"nobody-key"], [(pages[1], 1)])
+    out["publish_mine"] = done.cached
+    out["lookup_mine"] = c.lookup(pool, mine, [b"nobody-key"]).hits
+print(json.dumps(out))
+""" % PAGE
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    d = Daemon("--pool_access=any", "--socket_mode=0666")
+    os.chmod(d.workdir, 0o755)  # let the other user reach the socket
+    yield d
+    d.stop()
+
+
+def test_a_namespace_belongs_to_its_first_publishers_uid(daemon):
+    with hostkv.Client(daemon.target, "root-engine") as c:
+        c.create_pool(hostkv.mha_pool_spec("shared-cache", num_layers=1, num_kv_heads=1,
+                                           head_dim=8, page_size=PAGE, capacity_tokens=64))
+        c.publish("shared-cache", "root/ns", [b"root-key"], c.alloc("shared-cache", PAGE))
+        env = dict(os.environ)
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, daemon.target, "shared-cache", "root/ns",
+             "nobody/ns"], capture_output=True, text=True, env=env, timeout=60,
+            preexec_fn=as_nobody, cwd="/")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout.splitlines()[-1])
+        assert result == {"lookup_theirs": "PERMISSION_DENIED",
+                          "publish_theirs": "PERMISSION_DENIED",
+                          "publish_mine": 1, "lookup_mine": 1}
+        # Root may use every namespace; the forged key is not there.
+        assert c.lookup("shared-cache", "nobody/ns", [b"nobody-key"]).hits == 1
+        assert c.lookup("shared-cache", "root/ns", [b"forged"]).hits == 0
