@@ -3,7 +3,9 @@
 # defaults: installs the packages, builds hostkvd and the hostkv CLI, starts
 # hostkvd on unix:/run/hostkv/hostkvd.sock, runs the demo (KV pages backed
 # up, cleared, loaded back and verified byte for byte; then the same through
-# SGLang's host-pool class, hostkv.sglang, from Python), shows the occupancy,
+# SGLang's host-pool class, hostkv.sglang, from Python; then a warm restart:
+# an engine publishes its KV pages to the page cache and is killed, and its
+# successor finds and loads them, bytes checked), shows the occupancy,
 # and leaves the daemon running in the foreground (Ctrl-C stops it).
 #   HOSTKV_SOCKET=/tmp/hostkv/hostkvd.sock ./deploy/quickstart.sh   # no root
 set -euo pipefail
@@ -25,6 +27,8 @@ echo; echo "== SGLang's host pool on hostkvd (Python: hostkv.sglang) =="
 [ -x build-release/venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages build-release/venv
 build-release/venv/bin/pip install -q --no-deps --no-build-isolation ./client/python
 $SUDO build-release/venv/bin/python client/python/examples/sglang_cpu_demo.py "unix:$SOCKET"
+echo; echo "== A warm restart: an engine publishes its pages and is killed; its successor loads them =="
+$SUDO build-release/venv/bin/python client/python/examples/warm_restart_demo.py "unix:$SOCKET"
 echo; echo "== hostkv stats =="
 $SUDO ./build-release/client/hostkv --target="unix:$SOCKET" stats
 echo

@@ -215,6 +215,20 @@ def test_named_pool_is_shared_and_outlives_the_engine(daemon):
             c.delete_pool("shared-llama")
 
 
+def test_hostkv_pool_names_the_engines_pool(daemon, monkeypatch):
+    # SGLANG_HOSTKV=1 builds the pool without pool_name=: HOSTKV_POOL gives
+    # it a name, so it (and the pages cached in it) outlives the engine.
+    monkeypatch.setenv("HOSTKV_POOL", "env-named")
+    device = DevicePool("mha", LAYERS, size=32, page_size=16)
+    host = host_pool_for(daemon, device, "page_first")
+    assert host.pool_name == "env-named"
+    with hostkv.Client(daemon.target, "observer") as c:
+        assert c.get_pool("env-named").owner.delete_with_session == 0
+        host.close()
+        assert c.get_pool("env-named").spec.name == "env-named"
+        c.delete_pool("env-named")
+
+
 def test_cli_shows_who_owns_the_engines_pool(daemon):
     cli = os.environ.get("HOSTKV_CLI")
     if not cli:

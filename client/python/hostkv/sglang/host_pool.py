@@ -18,9 +18,12 @@ SGLang's per-layer events keep their meaning.
 constructor with four arguments; `allocator_type` (SGLang's choice of host
 allocator, e.g. for Mooncake) is accepted and ignored: the memory is
 hostkvd's. Keywords beyond SGLang's: target= (default $HOSTKV_TARGET, else
-unix:/run/hostkv/hostkvd.sock), pool_name= (default: a private pool of this
-object, deleted with its session; a named pool is attached and outlives the
-engine), client_name=, auth_token= (default: the file $HOSTKV_TOKEN_FILE).
+unix:/run/hostkv/hostkvd.sock), pool_name= (default: $HOSTKV_POOL, else a
+private pool of this object, deleted with its session; a named pool is
+attached and outlives the engine, so its cached pages serve the engine's
+successor: set HOSTKV_POOL for warm restarts under SGLANG_HOSTKV=1, one
+name per model geometry), client_name=, auth_token= (default: the file
+$HOSTKV_TOKEN_FILE).
 """
 import itertools
 import os
@@ -101,6 +104,7 @@ class RemoteHostKVCache:
         # Per thread, the all-layer load in progress: [key, op, next layer].
         self._loads = threading.local()
 
+        pool_name = pool_name or os.environ.get("HOSTKV_POOL") or None
         private = pool_name is None
         self.pool_name = pool_name or f"sglang-{self.kind}-{os.getpid()}-{next(_private_pools)}"
         self.client = client_module.Client(
