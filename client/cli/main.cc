@@ -30,10 +30,13 @@ ABSL_FLAG(uint64_t, tokens, 256, "demo: tokens to move");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "command-line client of hostkvd.\n"
-      "  hostkv [--target=ADDR] stats [POOL] | pools | health [SERVICE] | demo [demo flags]");
+      "  hostkv [--target=ADDR] stats [POOL] | pools | health [SERVICE] | demo "
+      "[demo flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
-    std::fprintf(stderr, "usage: hostkv [--target=ADDR] stats [POOL] | pools | health | demo\n");
+    std::fprintf(
+        stderr,
+        "usage: hostkv [--target=ADDR] stats [POOL] | pools | health | demo\n");
     return 2;
   }
   const std::string command = args[1];
@@ -47,7 +50,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", *serving ? "SERVING" : "NOT_SERVING");
     return *serving ? 0 : 1;
   }
-  auto client = hostkv::Client::Connect(absl::GetFlag(FLAGS_target), "hostkv-cli");
+  auto client =
+      hostkv::Client::Connect(absl::GetFlag(FLAGS_target), "hostkv-cli");
   if (!client.ok()) {
     std::fprintf(stderr, "hostkv: %s\n", client.status().ToString().c_str());
     return 1;
@@ -81,12 +85,15 @@ int main(int argc, char** argv) {
     o.head_dim = absl::GetFlag(FLAGS_head_dim);
     o.tokens = absl::GetFlag(FLAGS_tokens);
     if (o.page_size == 0 || o.layers == 0 || o.tokens == 0 || o.head_dim < 2) {
-      std::fprintf(stderr, "hostkv demo: page_size, layers, tokens must be positive, head_dim >= 2\n");
+      std::fprintf(stderr,
+                   "hostkv demo: page_size, layers, tokens must be positive, "
+                   "head_dim >= 2\n");
       return 2;
     }
     return hostkv::RunDemo(**client, o);
   }
-  std::fprintf(stderr, "hostkv: unknown command '%s' (stats, pools, health, demo)\n",
+  std::fprintf(stderr,
+               "hostkv: unknown command '%s' (stats, pools, health, demo)\n",
                command.c_str());
   return 2;
 }

@@ -29,15 +29,16 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
     const double pct = p.capacity_pages() == 0
                            ? 0.0
                            : 100.0 * p.used_pages() / p.capacity_pages();
-    absl::StrAppendFormat(&out, "%-16s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n",
-                          p.name(), LayoutName(p.layout()), p.page_size(),
-                          p.used_pages(), p.free_pages(), pct,
-                          Bytes(p.capacity_bytes()), p.loads(), p.backups());
+    absl::StrAppendFormat(
+        &out, "%-16s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n", p.name(),
+        LayoutName(p.layout()), p.page_size(), p.used_pages(), p.free_pages(),
+        pct, Bytes(p.capacity_bytes()), p.loads(), p.backups());
     switch (p.pin_state()) {  // CUDA backend only
       case v1::PIN_PINNING:
         absl::StrAppendFormat(
             &out, "    cuda: pinning, %s of %s done (%.1f s so far)\n",
-            Bytes(p.pinned_bytes()), Bytes(p.capacity_bytes()), p.pin_seconds());
+            Bytes(p.pinned_bytes()), Bytes(p.capacity_bytes()),
+            p.pin_seconds());
         break;
       case v1::PIN_PINNED:
         absl::StrAppendFormat(&out, "    cuda: pinned in %.1f s\n",
@@ -51,29 +52,31 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
         break;
     }
     for (const v1::SessionUsage& s : p.sessions()) {
-      absl::StrAppendFormat(&out, "    session %-4d %-20s %d pages (%s), %d imports\n",
-                            s.session_number(), s.client_name(), s.pages(),
-                            Bytes(s.bytes()), s.imports());
+      absl::StrAppendFormat(
+          &out, "    session %-4d %-20s %d pages (%s), %d imports\n",
+          s.session_number(), s.client_name(), s.pages(), Bytes(s.bytes()),
+          s.imports());
     }
   }
   if (stats.sessions_size() > 0) {
-    absl::StrAppendFormat(&out, "\n%-8s %-20s %8s %6s %-8s %9s %9s %10s %8s %9s\n",
-                          "SESSION", "CLIENT", "PID", "UID", "ATTACHED", "AGE(s)",
-                          "IDLE(s)", "PAGES", "IMPORTS", "IN FLIGHT");
+    absl::StrAppendFormat(&out,
+                          "\n%-8s %-20s %8s %6s %-8s %9s %9s %10s %8s %9s\n",
+                          "SESSION", "CLIENT", "PID", "UID", "ATTACHED",
+                          "AGE(s)", "IDLE(s)", "PAGES", "IMPORTS", "IN FLIGHT");
     for (const v1::SessionInfo& s : stats.sessions()) {
-      absl::StrAppendFormat(&out, "%-8d %-20s %8d %6d %-8s %9.1f %9.1f %10d %8d %9d\n",
-                            s.session_number(), s.client_name(), s.pid(), s.uid(),
-                            s.attached() ? "yes" : "no", s.age_seconds(),
-                            s.idle_seconds(), s.pages(), s.imports(),
-                            s.operations_in_flight());
+      absl::StrAppendFormat(
+          &out, "%-8d %-20s %8d %6d %-8s %9.1f %9.1f %10d %8d %9d\n",
+          s.session_number(), s.client_name(), s.pid(), s.uid(),
+          s.attached() ? "yes" : "no", s.age_seconds(), s.idle_seconds(),
+          s.pages(), s.imports(), s.operations_in_flight());
     }
   }
-  absl::StrAppendFormat(&out, "sessions open: %d   memory reserved: %s%s\n",
-                        stats.open_sessions(),
-                        Bytes(stats.memory_reserved_bytes()),
-                        stats.memory_budget_bytes() == 0
-                            ? ""
-                            : absl::StrCat(" of ", Bytes(stats.memory_budget_bytes())));
+  absl::StrAppendFormat(
+      &out, "sessions open: %d   memory reserved: %s%s\n",
+      stats.open_sessions(), Bytes(stats.memory_reserved_bytes()),
+      stats.memory_budget_bytes() == 0
+          ? ""
+          : absl::StrCat(" of ", Bytes(stats.memory_budget_bytes())));
   return out;
 }
 
@@ -94,13 +97,13 @@ std::string OwnerText(const v1::PoolOwner& owner) {
 }  // namespace
 
 std::string FormatPools(const std::vector<v1::Pool>& pools) {
-  std::string out = absl::StrFormat("%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n",
-                                    "POOL", "ATTN", "LAYOUT", "PAGE", "TOKENS",
-                                    "PAGES", "BYTES", "OWNER", "SEGMENT");
+  std::string out = absl::StrFormat(
+      "%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n", "POOL", "ATTN",
+      "LAYOUT", "PAGE", "TOKENS", "PAGES", "BYTES", "OWNER", "SEGMENT");
   for (const v1::Pool& p : pools) {
     absl::StrAppendFormat(
-        &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n", p.spec().name(),
-        p.spec().geometry().has_mla() ? "MLA" : "MHA",
+        &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n",
+        p.spec().name(), p.spec().geometry().has_mla() ? "MLA" : "MHA",
         LayoutName(p.spec().layout()), p.spec().page_size(), p.token_slots(),
         p.num_pages(), Bytes(p.total_bytes()), OwnerText(p.owner()),
         p.segment_name());
