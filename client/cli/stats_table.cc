@@ -1,6 +1,7 @@
 #include "stats_table.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -17,6 +18,44 @@ std::string Bytes(uint64_t b) {
 std::string LayoutName(v1::Layout layout) {
   std::string name = v1::Layout_Name(layout);
   return name.size() > 7 ? absl::AsciiStrToLower(name.substr(7)) : name;
+}
+
+// A namespace's name as text: printable ASCII as is, other bytes escaped.
+std::string NamespaceText(const std::string& name) {
+  for (unsigned char c : name) {
+    if (c < 0x20 || c > 0x7e) return absl::CHexEscape(name);
+  }
+  return name;
+}
+
+std::string CacheOwnerText(const v1::CacheNamespaceStats& ns) {
+  return ns.owner_unverified() ? std::string("unverified")
+                               : absl::StrCat("uid ", ns.owner_uid());
+}
+
+// The pool's cache counters and, when it has namespaces, a table of them.
+void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
+  if (!p.has_cache() && p.cache_namespaces_size() == 0) return;
+  const v1::CacheCounters& c = p.cache();
+  absl::StrAppendFormat(
+      out,
+      "    cache: %d cached, %d referenced, %d evictable pages; %d hits, %d "
+      "misses, %d evictions, %d already cached, %d conflicts\n",
+      c.cached_pages(), c.referenced_pages(), c.evictable_pages(), c.hits(),
+      c.misses(), c.evictions(), c.already_cached(), c.conflicts());
+  if (p.cache_namespaces_size() == 0) return;
+  absl::StrAppendFormat(out,
+                        "    %-32s %-12s %8s %8s %8s %10s %10s %10s %8s %9s\n",
+                        "NAMESPACE", "OWNER", "CACHED", "REFD", "EVICTABLE",
+                        "HITS", "MISSES", "EVICTIONS", "ALREADY", "CONFLICTS");
+  for (const v1::CacheNamespaceStats& ns : p.cache_namespaces()) {
+    const v1::CacheCounters& n = ns.counters();
+    absl::StrAppendFormat(
+        out, "    %-32s %-12s %8d %8d %8d %10d %10d %10d %8d %9d\n",
+        NamespaceText(ns.name()), CacheOwnerText(ns), n.cached_pages(),
+        n.referenced_pages(), n.evictable_pages(), n.hits(), n.misses(),
+        n.evictions(), n.already_cached(), n.conflicts());
+  }
 }
 
 }  // namespace
@@ -51,6 +90,7 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
       default:
         break;
     }
+    AppendCacheStats(p, &out);
     for (const v1::SessionUsage& s : p.sessions()) {
       absl::StrAppendFormat(
           &out, "    session %-4d %-20s %d pages (%s), %d imports\n",
@@ -107,6 +147,42 @@ std::string FormatPools(const std::vector<v1::Pool>& pools) {
         LayoutName(p.spec().layout()), p.spec().page_size(), p.token_slots(),
         p.num_pages(), Bytes(p.total_bytes()), OwnerText(p.owner()),
         p.segment_name());
+  }
+  return out;
+}
+
+}  // namespace hostkv
+
+namespace hostkv {
+
+absl::StatusOr<std::string> ParseHexKey(const std::string& hex) {
+  if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", hex, "': an even number of hex digits, 2..128 (1..64 bytes)"));
+  }
+  for (char c : hex) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", hex, "': not hex"));
+    }
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+std::string FormatLookup(const std::vector<std::string>& hex_keys,
+                         const LookupResult& result) {
+  std::string out =
+      absl::StrFormat("hits: %d of %d keys\n", result.hits, hex_keys.size());
+  uint64_t key = 0;
+  for (const PageRange& run : result.pages) {
+    for (uint64_t i = 0; i < run.num_pages && key < hex_keys.size();
+         ++i, ++key) {
+      absl::StrAppendFormat(&out, "  %s page %d\n", hex_keys[key],
+                            run.first_page + i);
+    }
+  }
+  for (; key < hex_keys.size(); ++key) {
+    absl::StrAppendFormat(&out, "  %s miss\n", hex_keys[key]);
   }
   return out;
 }
