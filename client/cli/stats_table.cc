@@ -40,9 +40,13 @@ void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
   absl::StrAppendFormat(
       out,
       "    cache: %d cached, %d referenced, %d evictable pages; %d hits, %d "
-      "misses, %d evictions, %d already cached, %d conflicts\n",
+      "misses, %d evictions, %d already cached, %d conflicts%s\n",
       c.cached_pages(), c.referenced_pages(), c.evictable_pages(), c.hits(),
-      c.misses(), c.evictions(), c.already_cached(), c.conflicts());
+      c.misses(), c.evictions(), c.already_cached(), c.conflicts(),
+      p.cache_reserved_bytes() == 0
+          ? ""
+          : absl::StrCat("; metadata ", Bytes(p.cache_reserved_bytes()),
+                         " reserved"));
   if (p.cache_namespaces_size() == 0) return;
   absl::StrAppendFormat(out,
                         "    %-32s %-12s %8s %8s %8s %10s %10s %10s %8s %9s\n",

@@ -59,6 +59,7 @@ TEST(CliFormatTest, PoolShowsCacheCountersAndNamespaces) {
   v1::GetPoolStatsResponse stats = Stats(std::string(kPool));
   v1::PoolStats* p = stats.mutable_pools(0);
   p->set_cached_pages(10);
+  p->set_cache_reserved_bytes(3 << 20);
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
       R"pb(cached_pages: 10
            referenced_pages: 4
@@ -81,7 +82,8 @@ TEST(CliFormatTest, PoolShowsCacheCountersAndNamespaces) {
   ASSERT_EQ(8u, lines.size());
   EXPECT_EQ(
       "    cache: 10 cached, 4 referenced, 5 evictable pages; 40 hits, 2 "
-      "misses, 6 evictions, 1 already cached, 3 conflicts",
+      "misses, 6 evictions, 1 already cached, 3 conflicts; metadata 3.00 MiB "
+      "reserved",
       lines[2]);
   EXPECT_EQ(std::vector<std::string>({"NAMESPACE", "OWNER", "CACHED", "REFD",
                                       "EVICTABLE", "HITS", "MISSES",
