@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "hostkv/v1/hostkv.grpc.pb.h"
 #include "tests/bench/daemon_util.h"
 #include "tests/bench/sections.h"
 
@@ -64,8 +65,8 @@ struct Sizes {
 // (a) and (b): the pool of section 1 (MLA, 1 layer, kv dim 8, fp8,
 // page_first, 8 bytes per token): its pages cost nothing to hold, so the
 // calls' own cost shows.
-void RunCalls(const Options& options, Client& client, HealthCaller& health,
-              Report& report) {
+void RunCalls(const Options& options, const std::string& target, Client& client,
+              HealthCaller& health, Report& report) {
   const Sizes sz = options.quick ? Sizes{5, 3, 10} : Sizes{30, 10, 40};
   const std::string pool = "cache_ctl";
   CheckOk(client.CreatePool(MlaSpec(pool, 1, 4, 4, v1::DTYPE_FP8_E4M3,
@@ -97,6 +98,32 @@ void RunCalls(const Options& options, Client& client, HealthCaller& health,
                Timed([&] { lookup(false); }), base, &op, &b);
     AddLatencyRows(report, kSection, "Lookup, all hit", config, op, b,
                    "health check", Target::None(), Target::None());
+  }
+  // Where the time goes: the same Lookup request, built once, through a
+  // bare generated stub on the same connection (no client library, no
+  // deadline): the daemon's handler plus gRPC and protobuf for 32 KB of keys.
+  {
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), ClientChannelArgs());
+    std::unique_ptr<v1::HostKV::Stub> stub = v1::HostKV::NewStub(channel);
+    v1::LookupRequest request;
+    request.set_session_id(client.session_id());
+    request.set_pool(pool);
+    request.set_namespace_(kNamespace);
+    for (const std::string& key : keys) request.add_keys(key);
+    Samples op, b;
+    Interleave(sz.warmup, sz.rounds, sz.per_round, Timed([&] {
+                 grpc::ClientContext context;
+                 v1::LookupResponse response;
+                 if (!stub->Lookup(&context, request, &response).ok() ||
+                     response.hits() != kKeys) {
+                   Die("bare lookup");
+                 }
+               }),
+               base, &op, &b);
+    AddLatencyRows(report, kSection, "Lookup, all hit, via a bare stub", config,
+                   op, b, "health check", Target::None(), Target::None(),
+                   "request built once; no client library, no deadline");
   }
   {
     Samples op, b, rel, b2;
@@ -320,7 +347,7 @@ void RunCacheRpc(const Options& options, Report& report) {
       Client::Connect(daemon->target(), "bench-cache");
   CheckOk(client, "connect");
   HealthCaller health(daemon->target());
-  RunCalls(options, **client, health, report);
+  RunCalls(options, daemon->target(), **client, health, report);
   RunWarmRestart(options, daemon->target(), **client, report);
   CheckOk((*client)->Close(), "close");
 }

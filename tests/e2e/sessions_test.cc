@@ -234,6 +234,7 @@ TEST(SessionsTest, CacheChurnKeepsEveryPublishedByteUnderEviction) {
   for (Child& c : survivors) {
     char line[1024] = {0};
     if (fgets(line, sizeof(line), c.out) == nullptr) line[0] = 0;
+    std::printf("stress_client %d: %s", c.pid, line);
     EXPECT_EQ(0, Reap(c)) << line;
   }
   cache_thread.join();
@@ -244,6 +245,13 @@ TEST(SessionsTest, CacheChurnKeepsEveryPublishedByteUnderEviction) {
   EXPECT_EQ(0u, cache_result.churn.unexpected_errors) << cache_result.churn.first_error;
   EXPECT_EQ(0u, plain_result.mismatches);
   EXPECT_EQ(0u, plain_result.unexpected_errors) << plain_result.first_error;
+  std::printf("in-process cache churner: %llu operations, %llu bytes checked, "
+              "%llu published, %llu hits, %llu copied\n",
+              static_cast<unsigned long long>(cache_result.churn.operations),
+              static_cast<unsigned long long>(cache_result.churn.bytes_checked),
+              static_cast<unsigned long long>(cache_result.pages_published),
+              static_cast<unsigned long long>(cache_result.hits),
+              static_cast<unsigned long long>(cache_result.pages_copied));
 
   // Every session but the observer's is gone: no page is any session's and
   // no reference is left, so the cached pages are all that is used.
