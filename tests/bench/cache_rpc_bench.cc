@@ -222,7 +222,7 @@ void RunWarmRestart(const Options& options, const std::string& target,
                     Client& b_client, Report& report) {
   Restart r;
   if (options.quick) r.tokens = 256;
-  const int reps = options.quick ? 3 : 15;
+  const int reps = options.quick ? 3 : 30;
   const std::string pool = "cache_restart";
   const uint64_t num_pages = r.tokens / kCtlPageSize;
   absl::StatusOr<v1::Pool> created = b_client.CreatePool(
