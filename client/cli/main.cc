@@ -37,18 +37,14 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: hostkv [--target=ADDR] COMMAND\n"
-    "  stats [POOL]                       occupancy of every pool (or one), "
-    "its\n"
-    "                                     page cache's counters and "
-    "namespaces\n"
-    "  pools                              pools and their geometry\n"
-    "  health [SERVICE]                   exit 0 if the daemon is SERVING\n"
+    "  stats [POOL]        occupancy of every pool (or one), with its page\n"
+    "                      cache's counters and namespaces\n"
+    "  pools               pools and their geometry\n"
+    "  health [SERVICE]    exit 0 if the daemon is SERVING\n"
     "  lookup --pool=P --namespace=N KEY...\n"
-    "                                     how many of the keys (hex, 1..64\n"
-    "                                     bytes), from the first, are cached\n"
-    "                                     (takes no references)\n"
-    "  demo [demo flags]                  move pages through the daemon and\n"
-    "                                     verify every byte\n";
+    "                      how many of the keys (hex, 1..64 bytes each),\n"
+    "                      from the first, are cached (takes no references)\n"
+    "  demo [demo flags]   move pages through the daemon, verify every byte\n";
 
 // `hostkv lookup`: exit 0 whatever the hits, 1 on an error, 2 on bad usage.
 int Lookup(hostkv::Client& client, const std::vector<char*>& args) {
