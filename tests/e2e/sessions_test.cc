@@ -225,7 +225,9 @@ TEST(SessionsTest, CacheChurnKeepsEveryPublishedByteUnderEviction) {
     for (const auto& s : p.sessions()) held += s.pages();
     EXPECT_EQ(p.used_pages(), held + p.cached_pages());
     EXPECT_EQ(p.capacity_pages(), p.used_pages() + p.free_pages());
-    EXPECT_EQ(p.cached_pages(), p.cache().cached_pages());
+    // p.cached_pages() (the allocator's) and p.cache() (the page cache's)
+    // are two snapshots: while publishes and evictions run they may differ
+    // by the pages in between (seen: 93 and 97). Equal once quiet, below.
     EXPECT_LE(p.cache().referenced_pages(), p.cache().cached_pages());
     EXPECT_LE(p.cache().evictable_pages(), p.cache().cached_pages());
     ++checks;
@@ -265,6 +267,7 @@ TEST(SessionsTest, CacheChurnKeepsEveryPublishedByteUnderEviction) {
       absl::Seconds(5));
   EXPECT_LT(took, absl::Seconds(5)) << daemon.log();
   v1::PoolStats before = observer->GetPoolStats("churn").value().pools(0);
+  EXPECT_EQ(before.cached_pages(), before.cache().cached_pages());
   // Counters only grow: at least what the in-process churner saw.
   EXPECT_GE(before.cache().hits(), cache_result.hits);
   if (cache_result.pages_published + cache_result.already_cached > 0) {
@@ -278,6 +281,7 @@ TEST(SessionsTest, CacheChurnKeepsEveryPublishedByteUnderEviction) {
   ASSERT_OK(all);
   v1::PoolStats after = observer->GetPoolStats("churn").value().pools(0);
   EXPECT_EQ(0u, after.cached_pages());
+  EXPECT_EQ(0u, after.cache().cached_pages());
   EXPECT_EQ(before.cache().evictions() + before.cached_pages(),
             after.cache().evictions());
   EXPECT_EQ(before.capacity_pages(), after.used_pages());
