@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/client_impl.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
@@ -28,52 +29,6 @@
 #include "proto/contract/status_macros.h"
 
 namespace hostkv {
-
-struct Client::Impl {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::HostKV::Stub> stub;
-  std::string auth_token;
-  std::string session_id;  // the 16-byte secret
-  uint32_t session_number = 0;
-  bool open = false;
-  ShmSegment signals;  // read-only
-  uint32_t signal_slots = 0;
-  // Attached: the session lives while it is open. Records on it are
-  // request/reply pairs, serialized by socket_mu.
-  absl::Mutex socket_mu;
-  ScopedFd session_socket;
-  // Watches the session socket for the daemon hanging up (OnDaemonLost);
-  // woken through `watch_wake` to stop.
-  std::thread watcher;
-  ScopedFd watch_wake[2];
-  std::vector<std::function<void()>> on_lost;  // set before `watcher` starts
-  // Stops the watcher without running on_lost (a Close of our own).
-  void StopWatcher();
-  // TCP: renews the lease until `stop_renewing` is notified.
-  std::thread renewer;
-  absl::Mutex renew_mu;
-  bool stop_renewing ABSL_GUARDED_BY(renew_mu) = false;
-
-  // Opens the session over "<socket_path>.session" (bound to this
-  // process's credentials), maps its signal records.
-  absl::Status OpenOverSessionSocket(const std::string& socket_path,
-                                     const std::string& client_name);
-
-  // Calls one unary method with a deadline and converts the status.
-  template <typename Request, typename Response, typename Method>
-  absl::StatusOr<Response> Call(Method method, const Request& request) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(60));
-    if (!auth_token.empty()) {
-      context.AddMetadata("authorization", "Bearer " + auth_token);
-    }
-    Response response;
-    grpc::Status status = (stub.get()->*method)(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response;
-  }
-};
 
 namespace {
 
@@ -126,6 +81,9 @@ SessionMessage NewMessage(SessionMessageKind kind) {
   return m;
 }
 
+
+}  // namespace
+
 void FillRuns(const std::vector<PageRange>& pages,
               google::protobuf::RepeatedPtrField<v1::PageRun>* out) {
   out->Reserve(static_cast<int>(pages.size()));
@@ -136,7 +94,15 @@ void FillRuns(const std::vector<PageRange>& pages,
   }
 }
 
-}  // namespace
+std::vector<PageRange> ToPageRanges(
+    const google::protobuf::RepeatedPtrField<v1::PageRun>& runs) {
+  std::vector<PageRange> pages;
+  pages.reserve(runs.size());
+  for (const v1::PageRun& run : runs) {
+    pages.push_back({run.first_page(), run.num_pages()});
+  }
+  return pages;
+}
 
 absl::StatusOr<bool> CheckHealth(const std::string& target,
                                  const std::string& service,
@@ -465,12 +431,7 @@ absl::StatusOr<std::vector<PageRange>> Client::Alloc(const std::string& pool,
   ASSIGN_OR_RETURN(v1::AllocResponse response,
                    (impl_->Call<v1::AllocRequest, v1::AllocResponse>(
                        &v1::HostKV::Stub::Alloc, request)));
-  std::vector<PageRange> pages;
-  pages.reserve(response.pages_size());
-  for (const v1::PageRun& run : response.pages()) {
-    pages.push_back({run.first_page(), run.num_pages()});
-  }
-  return pages;
+  return ToPageRanges(response.pages());
 }
 
 absl::StatusOr<uint64_t> Client::Free(const std::string& pool,

@@ -1,6 +1,7 @@
 #include "stats_table.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -19,6 +20,48 @@ std::string LayoutName(v1::Layout layout) {
   return name.size() > 7 ? absl::AsciiStrToLower(name.substr(7)) : name;
 }
 
+// A namespace's name as text: printable ASCII as is, other bytes escaped.
+std::string NamespaceText(const std::string& name) {
+  for (unsigned char c : name) {
+    if (c < 0x20 || c > 0x7e) return absl::CHexEscape(name);
+  }
+  return name;
+}
+
+std::string CacheOwnerText(const v1::CacheNamespaceStats& ns) {
+  return ns.owner_unverified() ? std::string("unverified")
+                               : absl::StrCat("uid ", ns.owner_uid());
+}
+
+// The pool's cache counters and, when it has namespaces, a table of them.
+void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
+  if (!p.has_cache() && p.cache_namespaces_size() == 0) return;
+  const v1::CacheCounters& c = p.cache();
+  absl::StrAppendFormat(
+      out,
+      "    cache: %d cached, %d referenced, %d evictable pages; %d hits, %d "
+      "misses, %d evictions, %d already cached, %d conflicts%s\n",
+      c.cached_pages(), c.referenced_pages(), c.evictable_pages(), c.hits(),
+      c.misses(), c.evictions(), c.already_cached(), c.conflicts(),
+      p.cache_reserved_bytes() == 0
+          ? ""
+          : absl::StrCat("; metadata ", Bytes(p.cache_reserved_bytes()),
+                         " reserved"));
+  if (p.cache_namespaces_size() == 0) return;
+  absl::StrAppendFormat(out,
+                        "    %-32s %-12s %8s %8s %8s %10s %10s %10s %8s %9s\n",
+                        "NAMESPACE", "OWNER", "CACHED", "REFD", "EVICTABLE",
+                        "HITS", "MISSES", "EVICTIONS", "ALREADY", "CONFLICTS");
+  for (const v1::CacheNamespaceStats& ns : p.cache_namespaces()) {
+    const v1::CacheCounters& n = ns.counters();
+    absl::StrAppendFormat(
+        out, "    %-32s %-12s %8d %8d %8d %10d %10d %10d %8d %9d\n",
+        NamespaceText(ns.name()), CacheOwnerText(ns), n.cached_pages(),
+        n.referenced_pages(), n.evictable_pages(), n.hits(), n.misses(),
+        n.evictions(), n.already_cached(), n.conflicts());
+  }
+}
+
 }  // namespace
 
 std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
@@ -29,15 +72,16 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
     const double pct = p.capacity_pages() == 0
                            ? 0.0
                            : 100.0 * p.used_pages() / p.capacity_pages();
-    absl::StrAppendFormat(&out, "%-16s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n",
-                          p.name(), LayoutName(p.layout()), p.page_size(),
-                          p.used_pages(), p.free_pages(), pct,
-                          Bytes(p.capacity_bytes()), p.loads(), p.backups());
+    absl::StrAppendFormat(
+        &out, "%-16s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n", p.name(),
+        LayoutName(p.layout()), p.page_size(), p.used_pages(), p.free_pages(),
+        pct, Bytes(p.capacity_bytes()), p.loads(), p.backups());
     switch (p.pin_state()) {  // CUDA backend only
       case v1::PIN_PINNING:
         absl::StrAppendFormat(
             &out, "    cuda: pinning, %s of %s done (%.1f s so far)\n",
-            Bytes(p.pinned_bytes()), Bytes(p.capacity_bytes()), p.pin_seconds());
+            Bytes(p.pinned_bytes()), Bytes(p.capacity_bytes()),
+            p.pin_seconds());
         break;
       case v1::PIN_PINNED:
         absl::StrAppendFormat(&out, "    cuda: pinned in %.1f s\n",
@@ -50,30 +94,33 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
       default:
         break;
     }
+    AppendCacheStats(p, &out);
     for (const v1::SessionUsage& s : p.sessions()) {
-      absl::StrAppendFormat(&out, "    session %-4d %-20s %d pages (%s), %d imports\n",
-                            s.session_number(), s.client_name(), s.pages(),
-                            Bytes(s.bytes()), s.imports());
+      absl::StrAppendFormat(
+          &out, "    session %-4d %-20s %d pages (%s), %d imports\n",
+          s.session_number(), s.client_name(), s.pages(), Bytes(s.bytes()),
+          s.imports());
     }
   }
   if (stats.sessions_size() > 0) {
-    absl::StrAppendFormat(&out, "\n%-8s %-20s %8s %6s %-8s %9s %9s %10s %8s %9s\n",
-                          "SESSION", "CLIENT", "PID", "UID", "ATTACHED", "AGE(s)",
-                          "IDLE(s)", "PAGES", "IMPORTS", "IN FLIGHT");
+    absl::StrAppendFormat(&out,
+                          "\n%-8s %-20s %8s %6s %-8s %9s %9s %10s %8s %9s\n",
+                          "SESSION", "CLIENT", "PID", "UID", "ATTACHED",
+                          "AGE(s)", "IDLE(s)", "PAGES", "IMPORTS", "IN FLIGHT");
     for (const v1::SessionInfo& s : stats.sessions()) {
-      absl::StrAppendFormat(&out, "%-8d %-20s %8d %6d %-8s %9.1f %9.1f %10d %8d %9d\n",
-                            s.session_number(), s.client_name(), s.pid(), s.uid(),
-                            s.attached() ? "yes" : "no", s.age_seconds(),
-                            s.idle_seconds(), s.pages(), s.imports(),
-                            s.operations_in_flight());
+      absl::StrAppendFormat(
+          &out, "%-8d %-20s %8d %6d %-8s %9.1f %9.1f %10d %8d %9d\n",
+          s.session_number(), s.client_name(), s.pid(), s.uid(),
+          s.attached() ? "yes" : "no", s.age_seconds(), s.idle_seconds(),
+          s.pages(), s.imports(), s.operations_in_flight());
     }
   }
-  absl::StrAppendFormat(&out, "sessions open: %d   memory reserved: %s%s\n",
-                        stats.open_sessions(),
-                        Bytes(stats.memory_reserved_bytes()),
-                        stats.memory_budget_bytes() == 0
-                            ? ""
-                            : absl::StrCat(" of ", Bytes(stats.memory_budget_bytes())));
+  absl::StrAppendFormat(
+      &out, "sessions open: %d   memory reserved: %s%s\n",
+      stats.open_sessions(), Bytes(stats.memory_reserved_bytes()),
+      stats.memory_budget_bytes() == 0
+          ? ""
+          : absl::StrCat(" of ", Bytes(stats.memory_budget_bytes())));
   return out;
 }
 
@@ -94,16 +141,52 @@ std::string OwnerText(const v1::PoolOwner& owner) {
 }  // namespace
 
 std::string FormatPools(const std::vector<v1::Pool>& pools) {
-  std::string out = absl::StrFormat("%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n",
-                                    "POOL", "ATTN", "LAYOUT", "PAGE", "TOKENS",
-                                    "PAGES", "BYTES", "OWNER", "SEGMENT");
+  std::string out = absl::StrFormat(
+      "%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n", "POOL", "ATTN",
+      "LAYOUT", "PAGE", "TOKENS", "PAGES", "BYTES", "OWNER", "SEGMENT");
   for (const v1::Pool& p : pools) {
     absl::StrAppendFormat(
-        &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n", p.spec().name(),
-        p.spec().geometry().has_mla() ? "MLA" : "MHA",
+        &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n",
+        p.spec().name(), p.spec().geometry().has_mla() ? "MLA" : "MHA",
         LayoutName(p.spec().layout()), p.spec().page_size(), p.token_slots(),
         p.num_pages(), Bytes(p.total_bytes()), OwnerText(p.owner()),
         p.segment_name());
+  }
+  return out;
+}
+
+}  // namespace hostkv
+
+namespace hostkv {
+
+absl::StatusOr<std::string> ParseHexKey(const std::string& hex) {
+  if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", hex, "': an even number of hex digits, 2..128 (1..64 bytes)"));
+  }
+  for (char c : hex) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", hex, "': not hex"));
+    }
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+std::string FormatLookup(const std::vector<std::string>& hex_keys,
+                         const LookupResult& result) {
+  std::string out =
+      absl::StrFormat("hits: %d of %d keys\n", result.hits, hex_keys.size());
+  uint64_t key = 0;
+  for (const PageRange& run : result.pages) {
+    for (uint64_t i = 0; i < run.num_pages && key < hex_keys.size();
+         ++i, ++key) {
+      absl::StrAppendFormat(&out, "  %s page %d\n", hex_keys[key],
+                            run.first_page + i);
+    }
+  }
+  for (; key < hex_keys.size(); ++key) {
+    absl::StrAppendFormat(&out, "  %s miss\n", hex_keys[key]);
   }
   return out;
 }

@@ -3,7 +3,8 @@
 // reported with their ratio, as JSON (bench.json) and Markdown (bench.md).
 //
 //   hostkv_bench [--out=DIR] [--sections=control,request_cost,allocator,
-//                daemon_alloc,copy,daemon_copy,pool_start,cache] [--quick]
+//                daemon_alloc,copy,daemon_copy,pool_start,cache,cache_rpc]
+//                [--quick]
 //   hostkv_bench --profile=alloc_free [--profile_tcp] [--profile_seconds=10]
 //
 // tests/bench/run.sh builds it (Release) and runs it.
@@ -26,7 +27,7 @@ ABSL_FLAG(std::string, out, "tests/bench/results",
           "directory for bench.json and bench.md");
 ABSL_FLAG(std::string, sections,
           "control,request_cost,allocator,daemon_alloc,copy,daemon_copy,"
-          "pool_start,cache",
+          "pool_start,cache,cache_rpc",
           "comma-separated sections to run");
 ABSL_FLAG(bool, quick, false, "fewer samples and smaller sizes (smoke run)");
 ABSL_FLAG(int, copy_threads, 0,
@@ -94,7 +95,8 @@ int main(int argc, char** argv) {
   const std::set<std::string> sections(list.begin(), list.end());
   static const std::set<std::string> known = {
       "control",     "request_cost", "allocator", "daemon_alloc",
-      "copy",        "daemon_copy",  "pool_start", "cache"};
+      "copy",        "daemon_copy",  "pool_start", "cache",
+      "cache_rpc"};
   for (const std::string& s : sections) {
     if (!known.contains(s)) Die("unknown section " + s);
   }
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
   if (sections.contains("daemon_copy")) RunDaemonCopy(options, report);
   if (sections.contains("pool_start")) RunPoolStart(options, report);
   if (sections.contains("cache")) RunCache(options, report);
+  if (sections.contains("cache_rpc")) RunCacheRpc(options, report);
   report.SetMeta("duration", absl::StrCat(Num(SecondsSince(start)), " s"));
 
   const std::string out = absl::GetFlag(FLAGS_out);

@@ -56,6 +56,9 @@ void RunDaemonCopy(const Options& options, Report& report);
 void RunPoolStart(const Options& options, Report& report);
 // Section 5: in-process PageCache (lookup, publish, eviction per page).
 void RunCache(const Options& options, Report& report);
+// Section 5b: the page cache through the daemon (Lookup, Publish, Release
+// beside a bare call; a warm restart's first layer beside the writer's load).
+void RunCacheRpc(const Options& options, Report& report);
 
 // Profiling aid: starts a daemon, prints its pid, and runs one control-path
 // workload (`what`: health, alloc, free, alloc_free, load1000, register,

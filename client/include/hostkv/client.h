@@ -66,6 +66,44 @@ struct TransferOptions {
   uint64_t wait_kv_written = 0;
 };
 
+// The page cache (README, "The page cache"). Keys and namespaces are opaque
+// bytes: a key of 1..64 bytes names a page's content (e.g. SGLang's chained
+// page hash) inside a namespace of 1..128 bytes the engine chooses.
+struct CacheItem {
+  std::string key;
+  // The key of the page before this one, or empty: a parent is evicted only
+  // after its cached children.
+  std::string parent_key;
+  uint64_t page = 0;  // a host page the session owns
+};
+
+// What Publish did with one item.
+struct PublishedPage {
+  v1::PublishOutcome outcome = v1::PUBLISH_OUTCOME_UNSPECIFIED;
+  // The page cached under the item's key: the item's own page
+  // (PUBLISH_CACHED, PUBLISH_CONFLICT) or the one already cached and kept
+  // (PUBLISH_ALREADY_CACHED; the item's page stays the caller's).
+  uint64_t page = 0;
+};
+
+struct PublishOutcomes {
+  std::vector<PublishedPage> items;  // one per item, in item order
+  uint64_t cached = 0;               // items PUBLISH_CACHED
+  uint64_t already_cached = 0;       // items PUBLISH_ALREADY_CACHED
+};
+
+// The longest cached prefix of the keys a Lookup was given.
+struct LookupResult {
+  uint64_t hits = 0;  // keys, from the first, that are cached
+  // Their pages, one per hit in key order, as runs of consecutive pages.
+  std::vector<PageRange> pages;
+};
+
+struct CopyPagesResult {
+  uint64_t pages = 0;
+  uint64_t bytes = 0;
+};
+
 struct ConnectOptions {
   // Sent as "authorization: Bearer <auth_token>" when not empty.
   std::string auth_token;
@@ -186,6 +224,49 @@ class Client {
   absl::StatusOr<v1::GetPageBufferMetaResponse> GetPageBufferMeta(
       const std::string& pool, const std::vector<PageRange>& pages);
 
+  // Publishes pages of the session in `pool` under keys of namespace
+  // `cache_namespace`, in item order (an item may name an earlier one as its
+  // parent). A PUBLISH_CACHED page becomes the cache's: no longer the
+  // session's to write, free or hand over, and kept after the session ends.
+  // With `acquire`, the session also gets a reference on the page cached
+  // under each key (CACHED and ALREADY_CACHED items), so that it can load it
+  // at once and it is not evicted until Release. All or nothing on bad
+  // input: InvalidArgument (namespace, key, page out of range),
+  // FailedPrecondition (a page the session does not own, e.g. cached
+  // already), PermissionDenied (a namespace of another uid),
+  // ResourceExhausted (namespace or reference limits), DeadlineExceeded (a
+  // backup into a page still running past the daemon's wait).
+  absl::StatusOr<PublishOutcomes> Publish(const std::string& pool,
+                                          const std::string& cache_namespace,
+                                          const std::vector<CacheItem>& items,
+                                          bool acquire = false);
+  // Finds the longest cached prefix of `keys` in `cache_namespace`. With
+  // `acquire` the session gets a reference on each page found (a key listed
+  // twice: two), which Load, CopyPages and ReadPages need and which keeps
+  // the page from eviction; without it the pages may be evicted at any
+  // time. A namespace nothing was published in finds nothing.
+  // InvalidArgument (no keys, a key of 0 or more than 64 bytes),
+  // PermissionDenied (a namespace of another uid), NotFound (pool).
+  absl::StatusOr<LookupResult> Lookup(const std::string& pool,
+                                      const std::string& cache_namespace,
+                                      const std::vector<std::string>& keys,
+                                      bool acquire = false);
+  // Drops one of the session's references per page listed (a page listed
+  // twice: two); returns how many were dropped. All or nothing:
+  // FailedPrecondition, releasing nothing, for a page the session holds too
+  // few references on.
+  absl::StatusOr<uint64_t> Release(const std::string& pool,
+                                   const std::vector<PageRange>& pages);
+  // Copies page i of `from` into page i of `to` inside the daemon (every
+  // layer, the pool's layout) and returns once the bytes are copied. `from`:
+  // cached pages the session references, or pages it owns; `to`: pages it
+  // owns with no copy in flight. InvalidArgument for unequal totals, a page
+  // listed twice or overlapping lists; FailedPrecondition for a page the
+  // session may not read or write.
+  absl::StatusOr<CopyPagesResult> CopyPages(const std::string& pool,
+                                            const std::vector<PageRange>& from,
+                                            const std::vector<PageRange>& to);
+
   // Occupancy of one pool, or of every pool when `pool` is empty.
   absl::StatusOr<v1::GetPoolStatsResponse> GetPoolStats(
       const std::string& pool = "");
@@ -218,6 +299,12 @@ class Client {
 absl::StatusOr<bool> CheckHealth(const std::string& target,
                                  const std::string& service = "",
                                  const ConnectOptions& options = {});
+
+// The pages of `items` that Publish left to the caller (PUBLISH_ALREADY_CACHED:
+// the key was cached with another page): still the session's, to free or
+// reuse. `outcomes` is what Publish returned for `items`.
+std::vector<PageRange> PagesNotCached(const std::vector<CacheItem>& items,
+                                      const PublishOutcomes& outcomes);
 
 // Tokens covered by `pages` in a pool of `page_size`.
 uint64_t CountTokens(const std::vector<PageRange>& pages, uint32_t page_size);

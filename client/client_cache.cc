@@ -1,0 +1,113 @@
+// The page cache calls of hostkv::Client: Publish, Lookup, Release and
+// CopyPages.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "hostkv/client.h"
+#include "proto/contract/status_macros.h"
+
+namespace hostkv {
+
+absl::StatusOr<PublishOutcomes> Client::Publish(
+    const std::string& pool, const std::string& cache_namespace,
+    const std::vector<CacheItem>& items, bool acquire) {
+  v1::PublishRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_namespace_(cache_namespace);
+  request.set_acquire(acquire);
+  request.mutable_items()->Reserve(static_cast<int>(items.size()));
+  for (const CacheItem& item : items) {
+    v1::CacheItem* out = request.add_items();
+    out->set_key(item.key);
+    out->set_parent_key(item.parent_key);
+    out->set_page(item.page);
+  }
+  ASSIGN_OR_RETURN(v1::PublishResponse response,
+                   (impl_->Call<v1::PublishRequest, v1::PublishResponse>(
+                       &v1::HostKV::Stub::Publish, request)));
+  if (response.results_size() != request.items_size()) {
+    return absl::InternalError(
+        absl::StrCat("the daemon answered ", response.results_size(),
+                     " publish results for ", request.items_size(), " items"));
+  }
+  PublishOutcomes outcomes;
+  outcomes.items.reserve(items.size());
+  for (const v1::PublishResult& r : response.results()) {
+    outcomes.items.push_back({r.outcome(), r.page()});
+  }
+  outcomes.cached = response.cached();
+  outcomes.already_cached = response.already_cached();
+  return outcomes;
+}
+
+absl::StatusOr<LookupResult> Client::Lookup(
+    const std::string& pool, const std::string& cache_namespace,
+    const std::vector<std::string>& keys, bool acquire) {
+  v1::LookupRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_namespace_(cache_namespace);
+  request.set_acquire(acquire);
+  request.mutable_keys()->Reserve(static_cast<int>(keys.size()));
+  for (const std::string& key : keys) request.add_keys(key);
+  ASSIGN_OR_RETURN(v1::LookupResponse response,
+                   (impl_->Call<v1::LookupRequest, v1::LookupResponse>(
+                       &v1::HostKV::Stub::Lookup, request)));
+  LookupResult result;
+  result.hits = response.hits();
+  result.pages = ToPageRanges(response.pages());
+  if (CountTokens(result.pages, 1) != result.hits) {
+    return absl::InternalError(
+        absl::StrCat("the daemon answered ", result.hits, " hits with ",
+                     CountTokens(result.pages, 1), " pages"));
+  }
+  return result;
+}
+
+absl::StatusOr<uint64_t> Client::Release(const std::string& pool,
+                                         const std::vector<PageRange>& pages) {
+  v1::ReleaseRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  FillRuns(pages, request.mutable_pages());
+  ASSIGN_OR_RETURN(v1::ReleaseResponse response,
+                   (impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(
+                       &v1::HostKV::Stub::Release, request)));
+  return response.released();
+}
+
+absl::StatusOr<CopyPagesResult> Client::CopyPages(
+    const std::string& pool, const std::vector<PageRange>& from,
+    const std::vector<PageRange>& to) {
+  v1::CopyPagesRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  FillRuns(from, request.mutable_from_pages());
+  FillRuns(to, request.mutable_to_pages());
+  ASSIGN_OR_RETURN(v1::CopyPagesResponse response,
+                   (impl_->Call<v1::CopyPagesRequest, v1::CopyPagesResponse>(
+                       &v1::HostKV::Stub::CopyPages, request)));
+  return CopyPagesResult{response.pages(), response.bytes()};
+}
+
+std::vector<PageRange> PagesNotCached(const std::vector<CacheItem>& items,
+                                      const PublishOutcomes& outcomes) {
+  std::vector<PageRange> pages;
+  for (size_t i = 0; i < items.size() && i < outcomes.items.size(); ++i) {
+    if (outcomes.items[i].outcome != v1::PUBLISH_ALREADY_CACHED) continue;
+    const uint64_t page = items[i].page;
+    if (!pages.empty() &&
+        pages.back().first_page + pages.back().num_pages == page) {
+      ++pages.back().num_pages;
+    } else {
+      pages.push_back({page, 1});
+    }
+  }
+  return pages;
+}
+
+}  // namespace hostkv

@@ -1,0 +1,142 @@
+// `hostkv stats` and `hostkv lookup` output: the page cache's counters and
+// namespaces are shown, and a pool without cache stats prints exactly as it
+// did before the cache.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "stats_table.h"
+#include "tests/testing/status_matchers.h"
+
+namespace hostkv {
+namespace {
+
+v1::GetPoolStatsResponse Stats(const std::string& text) {
+  v1::GetPoolStatsResponse stats;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &stats));
+  return stats;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+constexpr char kPool[] = R"pb(
+  pools {
+    name: "llama"
+    layout: LAYOUT_PAGE_FIRST
+    page_size: 16
+    used_pages: 12
+    free_pages: 88
+    capacity_pages: 100
+    capacity_bytes: 1048576
+    loads: 3
+    backups: 4
+    sessions { session_number: 7 client_name: "engine" pages: 2 bytes: 2048 }
+  }
+  open_sessions: 1)pb";
+
+TEST(CliFormatTest, PoolWithoutCacheStatsPrintsAsBefore) {
+  const std::vector<std::string> lines = Lines(FormatPoolStats(Stats(kPool)));
+  ASSERT_EQ(4u, lines.size());
+  EXPECT_EQ(
+      "POOL             LAYOUT              PAGE   USED PAGES   FREE PAGES   "
+      "USED%     CAPACITY    LOADS  BACKUPS",
+      lines[0]);
+  EXPECT_EQ(
+      "llama            page_first            16           12           88   "
+      "12.0%     1.00 MiB        3        4",
+      lines[1]);
+  EXPECT_EQ(
+      "    session 7    engine               2 pages (2.00 KiB), 0 imports",
+      lines[2]);
+  EXPECT_EQ("sessions open: 1   memory reserved: 0 B", lines[3]);
+}
+
+TEST(CliFormatTest, PoolShowsCacheCountersAndNamespaces) {
+  v1::GetPoolStatsResponse stats = Stats(std::string(kPool));
+  v1::PoolStats* p = stats.mutable_pools(0);
+  p->set_cached_pages(10);
+  p->set_cache_reserved_bytes(3 << 20);
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(cached_pages: 10
+           referenced_pages: 4
+           evictable_pages: 5
+           hits: 40
+           misses: 2
+           evictions: 6
+           already_cached: 1
+           conflicts: 3)pb",
+      p->mutable_cache()));
+  v1::CacheNamespaceStats* ns = p->add_cache_namespaces();
+  ns->set_name("llama-8b/tp0");
+  ns->set_owner_uid(1000);
+  *ns->mutable_counters() = p->cache();
+  v1::CacheNamespaceStats* other = p->add_cache_namespaces();
+  other->set_name(std::string("\x01\xff", 2));
+  other->set_owner_unverified(true);
+  other->mutable_counters()->set_hits(9);
+  const std::vector<std::string> lines = Lines(FormatPoolStats(stats));
+  ASSERT_EQ(8u, lines.size());
+  EXPECT_EQ(
+      "    cache: 10 cached, 4 referenced, 5 evictable pages; 40 hits, 2 "
+      "misses, 6 evictions, 1 already cached, 3 conflicts; metadata 3.00 MiB "
+      "reserved",
+      lines[2]);
+  EXPECT_EQ(std::vector<std::string>({"NAMESPACE", "OWNER", "CACHED", "REFD",
+                                      "EVICTABLE", "HITS", "MISSES",
+                                      "EVICTIONS", "ALREADY", "CONFLICTS"}),
+            std::vector<std::string>(
+                absl::StrSplit(lines[3], ' ', absl::SkipEmpty())));
+  EXPECT_EQ(std::vector<std::string>({"llama-8b/tp0", "uid", "1000", "10", "4",
+                                      "5", "40", "2", "6", "1", "3"}),
+            std::vector<std::string>(
+                absl::StrSplit(lines[4], ' ', absl::SkipEmpty())));
+  EXPECT_EQ(std::vector<std::string>({"\\x01\\xff", "unverified", "0", "0", "0",
+                                      "9", "0", "0", "0", "0"}),
+            std::vector<std::string>(
+                absl::StrSplit(lines[5], ' ', absl::SkipEmpty())));
+  // The session line and the totals follow, unchanged.
+  EXPECT_EQ(
+      "    session 7    engine               2 pages (2.00 KiB), 0 imports",
+      lines[6]);
+}
+
+TEST(CliFormatTest, CountersWithoutNamespacesPrintNoTable) {
+  v1::GetPoolStatsResponse stats = Stats(std::string(kPool));
+  stats.mutable_pools(0)->mutable_cache()->set_misses(5);
+  const std::vector<std::string> lines = Lines(FormatPoolStats(stats));
+  ASSERT_EQ(5u, lines.size());
+  EXPECT_EQ(
+      "    cache: 0 cached, 0 referenced, 0 evictable pages; 0 hits, 5 "
+      "misses, 0 evictions, 0 already cached, 0 conflicts",
+      lines[2]);
+}
+
+TEST(CliFormatTest, HexKeys) {
+  absl::StatusOr<std::string> key = ParseHexKey("00aBff");
+  ASSERT_OK(key);
+  EXPECT_EQ(std::string("\x00\xab\xff", 3), *key);
+  EXPECT_ERROR(InvalidArgument, ParseHexKey(""));
+  EXPECT_ERROR(InvalidArgument, ParseHexKey("abc"));
+  EXPECT_ERROR(InvalidArgument, ParseHexKey("zz"));
+  EXPECT_OK(ParseHexKey(std::string(128, 'a')));
+  EXPECT_ERROR(InvalidArgument, ParseHexKey(std::string(130, 'a')));
+}
+
+TEST(CliFormatTest, LookupPrintsHitsThenAPagePerHitAndMisses) {
+  LookupResult result;
+  result.hits = 3;
+  result.pages = {{10, 2}, {40, 1}};
+  EXPECT_EQ(
+      "hits: 3 of 4 keys\n  aa page 10\n  bb page 11\n  cc page 40\n  dd "
+      "miss\n",
+      FormatLookup({"aa", "bb", "cc", "dd"}, result));
+  EXPECT_EQ("hits: 0 of 1 keys\n  aa miss\n",
+            FormatLookup({"aa"}, LookupResult()));
+}
+
+}  // namespace
+}  // namespace hostkv
