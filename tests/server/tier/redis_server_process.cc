@@ -100,4 +100,12 @@ void RedisServerProcess::Kill() {
   pid_ = -1;
 }
 
+void RedisServerProcess::Pause() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void RedisServerProcess::Resume() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
 }  // namespace hostkv::testing

@@ -27,6 +27,9 @@ class RedisServerProcess {
   absl::Status Start(const std::string& password = "");
   // SIGKILL and wait.
   void Kill();
+  // SIGSTOP / SIGCONT: a server that does not answer, then answers again.
+  void Pause();
+  void Resume();
 
   const std::string& socket_path() const { return socket_path_; }
   std::string address() const { return "unix:" + socket_path_; }

@@ -294,6 +294,35 @@ TEST_F(RedisTierTest, KilledAndRestarted) {
   EXPECT_EQ(8u, *tier->CountPrefix(keys));
 }
 
+// A server that stops answering: calls end with DeadlineExceeded (they
+// return; how fast is not checked); when it answers again, so does the tier.
+TEST_F(RedisTierTest, SlowServerGivesDeadlineExceeded) {
+  auto opened = RedisTier::Open(
+      {server_.address(), "", absl::Seconds(1), absl::Milliseconds(200), 2});
+  ASSERT_OK(opened);
+  RedisTier& tier = **opened;
+  const std::vector<TierKey> keys = Keys("slow", 2);
+  PutAll(tier, keys, {"one", "two"});
+
+  server_.Pause();
+  std::vector<absl::StatusOr<std::string>> got = tier.Get(keys);
+  EXPECT_ERROR(DeadlineExceeded, got[0]);
+  EXPECT_ERROR(DeadlineExceeded, got[1]);
+  // The next call opens a new connection (the kernel accepts it for the
+  // stopped server) and times out on its reply.
+  EXPECT_ERROR(DeadlineExceeded, tier.CountPrefix(keys));
+  server_.Resume();
+
+  absl::StatusOr<uint64_t> count = absl::UnknownError("never tried");
+  for (int i = 0; i < 500 && !count.ok(); ++i) {
+    count = tier.CountPrefix(keys);
+    if (!count.ok()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_OK(count);
+  EXPECT_EQ(2u, *count);
+  ExpectValues(tier, keys, {"one", "two"});
+}
+
 TEST_F(RedisTierTest, ConcurrentCallsFromThreads) {
   auto tier = OpenOrDie(/*max_connections=*/3);
   ASSERT_NE(nullptr, tier);
