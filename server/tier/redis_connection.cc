@@ -188,6 +188,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisConnection::Pipeline(
     }
     replies.push_back(RedisReplyPtr(static_cast<redisReply*>(reply)));
   }
+  used_ = true;
   return replies;
 }
 

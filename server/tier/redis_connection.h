@@ -65,6 +65,9 @@ class RedisConnection {
       absl::Span<const RedisCommand> commands);
 
   bool broken() const { return broken_; }
+  // Whether a Pipeline call has completed on it (a connection that sat in
+  // the pool may have been closed by the server meanwhile).
+  bool used() const { return used_; }
 
  private:
   explicit RedisConnection(redisContext* context) : context_(context) {}
@@ -72,6 +75,7 @@ class RedisConnection {
 
   redisContext* const context_;
   bool broken_ = false;
+  bool used_ = false;
 };
 
 // The status a Redis error reply stands for: Unauthenticated (NOAUTH,

@@ -120,8 +120,19 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisTier::RoundTrip(
     return AllFailed<absl::StatusOr<RedisReplyPtr>>(commands.size(),
                                                     connection.status());
   }
+  const bool reused = (*connection)->used();
   std::vector<absl::StatusOr<RedisReplyPtr>> replies =
       (*connection)->Pipeline(commands);
+  const bool stale = reused && (*connection)->broken() &&
+                     absl::IsUnavailable(replies[0].status());
+  Return(*std::move(connection));
+  if (!stale) return replies;
+  connection = Checkout();
+  if (!connection.ok()) {
+    return AllFailed<absl::StatusOr<RedisReplyPtr>>(commands.size(),
+                                                    connection.status());
+  }
+  replies = (*connection)->Pipeline(commands);
   Return(*std::move(connection));
   return replies;
 }

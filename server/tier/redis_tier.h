@@ -77,7 +77,10 @@ class RedisTier : public PageTier {
   void Return(std::unique_ptr<RedisConnection> connection)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Checkout + Pipeline + Return; every reply's status is the checkout's
-  // error when there was no connection.
+  // error when there was no connection. A pooled connection that fails
+  // before its first reply with Unavailable (closed by a server that
+  // restarted, or by its idle timeout) is dropped and the batch sent once
+  // more on a new one (every command the tier sends is idempotent).
   std::vector<absl::StatusOr<RedisReplyPtr>> RoundTrip(
       absl::Span<const RedisCommand> commands) ABSL_LOCKS_EXCLUDED(mu_);
   bool CanCheckout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -323,6 +323,24 @@ TEST_F(RedisTierTest, SlowServerGivesDeadlineExceeded) {
   ExpectValues(tier, keys, {"one", "two"});
 }
 
+// Pooled connections the server closed (a restart while the tier was idle,
+// CLIENT KILL as by Redis' idle timeout): the next call still succeeds.
+TEST_F(RedisTierTest, StalePooledConnectionsAreReplaced) {
+  auto tier = OpenOrDie(/*max_connections=*/2);
+  ASSERT_NE(nullptr, tier);
+  const std::vector<TierKey> keys = Keys("stale", 2);
+  PutAll(*tier, keys, {"one", "two"});
+  ASSERT_EQ(REDIS_REPLY_INTEGER,
+            RawCommand({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"}));
+  ExpectValues(*tier, keys, {"one", "two"});
+
+  server_.Kill();
+  ASSERT_OK(server_.Start());
+  EXPECT_ERROR(NotFound, GetOne(*tier, keys[0]));  // a new, empty server
+  PutAll(*tier, keys, {"three", "four"});
+  ExpectValues(*tier, keys, {"three", "four"});
+}
+
 TEST_F(RedisTierTest, ConcurrentCallsFromThreads) {
   auto tier = OpenOrDie(/*max_connections=*/3);
   ASSERT_NE(nullptr, tier);
