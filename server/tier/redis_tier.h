@@ -1,6 +1,5 @@
-// The Redis tier (issue 14): pages stored in one standalone Redis server
-// through hiredis. Redis Cluster is not handled yet (a MOVED or ASK reply is
-// an Internal error of that item).
+// The Redis tier (issue 14): pages stored in a standalone Redis server or a
+// Redis Cluster, through hiredis.
 #ifndef HOSTKV_SERVER_TIER_REDIS_TIER_H_
 #define HOSTKV_SERVER_TIER_REDIS_TIER_H_
 
@@ -9,15 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/tier/page_tier.h"
 #include "server/tier/redis_connection.h"
+#include "server/tier/redis_connection_pool.h"
 
 namespace hostkv {
 
@@ -39,6 +37,21 @@ struct RedisTierOptions {
 // says where the namespace ends).
 std::string RedisTierKey(const TierKey& key);
 
+// Where the tier's commands go: one server, or a cluster's nodes by slot.
+// Thread-safe.
+class RedisRouter {
+ public:
+  virtual ~RedisRouter() = default;
+  virtual std::string Describe() const = 0;
+  // One reply per command; commands[i] is about the Redis key keys[i] (the
+  // key decides the node in a cluster). One round trip per node.
+  virtual std::vector<absl::StatusOr<RedisReplyPtr>> Execute(
+      absl::Span<const RedisCommand> commands,
+      absl::Span<const std::string> keys) = 0;
+  // Connects now; returns the error (Unauthenticated for a refused AUTH).
+  virtual absl::Status Probe() = 0;
+};
+
 // Owns a pool of at most max_connections connections, each used by one
 // thread at a time (checked out for a call, returned after). Thread-safe.
 //
@@ -53,6 +66,11 @@ class RedisTier : public PageTier {
   // down is not an error here: the tier connects when it comes up.
   static absl::StatusOr<std::unique_ptr<RedisTier>> Open(
       RedisTierOptions options);
+  // A Redis Cluster: options.address lists seed nodes, "host:port,..."; the
+  // slot map comes from CLUSTER SLOTS, MOVED re-reads it, ASK is followed.
+  // max_connections is per node.
+  static absl::StatusOr<std::unique_ptr<RedisTier>> OpenCluster(
+      RedisTierOptions options);
 
   std::string Describe() const override;
   std::vector<absl::Status> Put(
@@ -64,39 +82,18 @@ class RedisTier : public PageTier {
   absl::Status Delete(absl::Span<const TierKey> keys) override;
 
  private:
-  RedisTier(RedisTierOptions options, RedisAddress address)
-      : options_(std::move(options)), address_(std::move(address)) {}
+  explicit RedisTier(std::unique_ptr<RedisRouter> router)
+      : router_(std::move(router)) {}
+  static absl::StatusOr<std::unique_ptr<RedisTier>> Start(
+      std::unique_ptr<RedisRouter> router);
 
-  // A connection for one call: an idle one, or a new one while fewer than
-  // max_connections are open. Waits at most call_timeout for one to be
-  // returned (DeadlineExceeded). Unavailable while backing off.
-  absl::StatusOr<std::unique_ptr<RedisConnection>> Checkout()
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Keeps the connection for the next call, or drops it (and the idle ones)
-  // when it is broken.
-  void Return(std::unique_ptr<RedisConnection> connection)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Checkout + Pipeline + Return; every reply's status is the checkout's
-  // error when there was no connection. A pooled connection that fails
-  // before its first reply with Unavailable (closed by a server that
-  // restarted, or by its idle timeout) is dropped and the batch sent once
-  // more on a new one (every command the tier sends is idempotent).
-  std::vector<absl::StatusOr<RedisReplyPtr>> RoundTrip(
-      absl::Span<const RedisCommand> commands) ABSL_LOCKS_EXCLUDED(mu_);
-  bool CanCheckout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !idle_.empty() || open_ < options_.max_connections;
-  }
+  // Pipelines one command per key (each names the key once, after the
+  // verb, then extra arguments) and returns one reply per key.
+  std::vector<absl::StatusOr<RedisReplyPtr>> PerKey(
+      absl::string_view verb, absl::Span<const TierKey> keys,
+      absl::Span<const absl::string_view> extra = {});
 
-  // Const after construction.
-  const RedisTierOptions options_;
-  const RedisAddress address_;
-
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<RedisConnection>> idle_ ABSL_GUARDED_BY(mu_);
-  uint32_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + checked out + connecting
-  absl::Time next_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
-  absl::Status last_connect_error_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<RedisRouter> router_;
 };
 
 }  // namespace hostkv
