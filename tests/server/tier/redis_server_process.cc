@@ -1,8 +1,11 @@
 #include "tests/server/tier/redis_server_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,18 @@ RedisServerProcess::~RedisServerProcess() {
 }
 
 absl::Status RedisServerProcess::Start(const std::string& password) {
+  std::vector<std::string> extra;
+  if (!password.empty()) extra = {"--requirepass", password};
+  return StartWith(std::move(extra));
+}
+
+absl::Status RedisServerProcess::StartClusterNode(int port) {
+  return StartWith({"--port", std::to_string(port), "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes", "--cluster-config-file",
+                    dir_ + "/nodes.conf"});
+}
+
+absl::Status RedisServerProcess::StartWith(std::vector<std::string> extra) {
   if (pid_ > 0) return absl::FailedPreconditionError("already running");
   const std::string binary = FindBinary();
   if (binary.empty()) return absl::NotFoundError("no redis-server on PATH");
@@ -48,10 +63,8 @@ absl::Status RedisServerProcess::Start(const std::string& password) {
   std::vector<std::string> args = {binary,       "--port", "0", "--unixsocket",
                                    socket_path_, "--save", "",  "--appendonly",
                                    "no",         "--dir",  dir_};
-  if (!password.empty()) {
-    args.push_back("--requirepass");
-    args.push_back(password);
-  }
+  // A later --port wins over the first.
+  for (std::string& arg : extra) args.push_back(std::move(arg));
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -106,6 +119,69 @@ void RedisServerProcess::Pause() {
 
 void RedisServerProcess::Resume() {
   if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
+RawRedisReply RawRedisCommand(const std::string& socket_path,
+                              const std::vector<std::string>& args) {
+  RawRedisReply result;
+  redisContext* c = redisConnectUnix(socket_path.c_str());
+  if (c == nullptr || c->err != 0) {
+    if (c != nullptr) redisFree(c);
+    return result;
+  }
+  std::vector<const char*> argv;
+  std::vector<size_t> lengths;
+  for (const std::string& arg : args) {
+    argv.push_back(arg.data());
+    lengths.push_back(arg.size());
+  }
+  auto* reply = static_cast<redisReply*>(redisCommandArgv(
+      c, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+  if (reply != nullptr) {
+    result.type = reply->type;
+    if (reply->str != nullptr) result.str.assign(reply->str, reply->len);
+    result.integer = reply->integer;
+    freeReplyObject(reply);
+  }
+  redisFree(c);
+  return result;
+}
+
+namespace {
+
+// Binds 127.0.0.1:port (0: any); returns the port bound, or 0. The socket
+// stays open in *fd.
+int BindLoopback(int port, int* fd) {
+  *fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (*fd < 0) return 0;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof(addr);
+  if (bind(*fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(*fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(*fd);
+    *fd = -1;
+    return 0;
+  }
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
+
+int FreeClusterPort() {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = -1;
+    int bus_fd = -1;
+    const int port = BindLoopback(0, &fd);
+    const bool ok = port > 0 && port + 10000 <= 65535 &&
+                    BindLoopback(port + 10000, &bus_fd) == port + 10000;
+    if (fd >= 0) close(fd);
+    if (bus_fd >= 0) close(bus_fd);
+    if (ok) return port;
+  }
+  return 0;
 }
 
 }  // namespace hostkv::testing
