@@ -20,7 +20,8 @@
 namespace hostkv {
 
 struct RedisTierOptions {
-  std::string address;   // "host:port" or "unix:/path"
+  // "host:port" or "unix:/path"; for OpenCluster, seeds "host:port,...".
+  std::string address;
   std::string password;  // AUTH when not empty
   absl::Duration connect_timeout = absl::Milliseconds(500);
   // Applies to each read and write on the socket (hiredis' SO_RCVTIMEO and
@@ -52,13 +53,12 @@ class RedisRouter {
   virtual absl::Status Probe() = 0;
 };
 
-// Owns a pool of at most max_connections connections, each used by one
-// thread at a time (checked out for a call, returned after). Thread-safe.
-//
-// Every batch is one pipelined round trip. A connection whose socket failed
-// is dropped with the idle ones (they likely share its fate); the next call
-// reconnects. After a failed connection attempt, calls fail fast with
-// Unavailable until the backoff has passed.
+// The tier on Redis: one command per item (SET, GET, EXISTS, DEL), a batch
+// pipelined in one round trip (per node in a cluster) through a connection
+// pool per server (redis_connection_pool.h: at most max_connections, one
+// thread per connection, reconnection with backoff). Thread-safe. Replies
+// map to statuses, never crash: nil -> NotFound (Get), Redis' error replies
+// by RedisErrorReplyStatus, any other reply type -> Internal.
 class RedisTier : public PageTier {
  public:
   // Returns InvalidArgument for a malformed address or max_connections 0,
