@@ -201,6 +201,47 @@ TEST_F(RedisClusterMoveTest, AskDuringMigrationIsFollowed) {
   EXPECT_EQ(1u, Count(*tier, keys));
 }
 
+// A master killed: its keys are Unavailable, the others' still served
+// (before the cluster's node timeout, 15 s, marks it failed); restarted with
+// its nodes.conf it serves its slots again, empty (no persistence).
+TEST_F(RedisClusterTierTest, KilledMasterComesBack) {
+  auto tier = OpenTier();
+  ASSERT_NE(nullptr, tier);
+  const std::vector<TierKey> keys = Keys(60);
+  std::vector<std::string> values;
+  for (int i = 0; i < 60; ++i) values.push_back(Page(i, 4096));
+  PutAndCheck(*tier, keys, values);
+
+  nodes_[1]->Kill();
+  std::vector<absl::StatusOr<std::string>> got = tier->Get(keys);
+  int unavailable = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::IsUnavailable(got[i].status())) {
+      ++unavailable;
+    } else {
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+      EXPECT_TRUE(*got[i] == values[i]) << i;
+    }
+  }
+  EXPECT_GT(unavailable, 0);
+  EXPECT_LT(unavailable, 60);
+
+  ASSERT_OK(nodes_[1]->StartClusterNode(ports_[1]));
+  int served = 0;
+  for (int attempt = 0; attempt < 500 && served < 60; ++attempt) {
+    served = 0;
+    for (const absl::StatusOr<std::string>& item : tier->Get(keys)) {
+      if (item.ok() || absl::IsNotFound(item.status())) ++served;
+    }
+    if (served < 60) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(60, served);
+  got = tier->Get(keys);
+  int found = 0;
+  for (const absl::StatusOr<std::string>& item : got) found += item.ok();
+  EXPECT_EQ(60 - unavailable, found);  // the restarted master is empty
+}
+
 TEST_F(RedisClusterTierTest, BadSeeds) {
   EXPECT_ERROR(InvalidArgument,
                RedisTier::OpenCluster(
