@@ -165,6 +165,15 @@ std::string FileTier::TempPath(const std::string& dir) {
 
 absl::Status FileTier::PutOne(const TierKey& key, absl::string_view value,
                               std::vector<std::string>* changed_dirs) {
+  absl::Status s = WriteValue(key, value, changed_dirs);
+  // A directory that vanished (the root removed, a name taken by a file) is
+  // a store that cannot take the value, not a missing key.
+  if (absl::IsNotFound(s)) return absl::UnavailableError(s.message());
+  return s;
+}
+
+absl::Status FileTier::WriteValue(const TierKey& key, absl::string_view value,
+                                  std::vector<std::string>* changed_dirs) {
   if (absl::Status s = CheckName(key); !s.ok()) return s;
   const ValuePath p = PathsOf(root_, key);
   if (absl::Status s =

@@ -53,14 +53,27 @@ class FileTier : public PageTier {
 
   std::string Describe() const override;  // "file:<root>"
 
-  // Per item: InvalidArgument for a too-long namespace or key; Unavailable
-  // (ENOSPC, EIO, EACCES, ...) or Internal with the errno text.
+  // Errors, per item or per call: InvalidArgument for a namespace or key
+  // longer than kFileTierMaxNameBytes; Unavailable for what the filesystem
+  // refused (ENOSPC, EIO, EACCES, EROFS, a vanished root, ...) and Internal
+  // for what can only be a bug (EBADF, EINVAL, EFAULT), both with the call,
+  // the path and the errno text.
+
+  // One status per item; an item is OK once its file and (with fsync) its
+  // directories are on disk. Mismatched keys/values sizes: every item
+  // InvalidArgument.
   std::vector<absl::Status> Put(
       absl::Span<const TierKey> keys,
       absl::Span<const absl::string_view> values) override;
+  // The file's bytes as they are (a torn or foreign file is returned too:
+  // UnframeValue decides); NotFound if there is no file; DataLoss if the
+  // path is not a regular file or is larger than options.max_value_bytes.
   std::vector<absl::StatusOr<std::string>> Get(
       absl::Span<const TierKey> keys) override;
+  // One stat(2) per key, in order, up to the first absent one.
   absl::StatusOr<uint64_t> CountPrefix(absl::Span<const TierKey> keys) override;
+  // Unlinks every key's file (absent ones are fine); returns the first
+  // error, after trying the others.
   absl::Status Delete(absl::Span<const TierKey> keys) override;
 
   // Where the value of `key` lives (for tests and logs). REQUIRES: the
@@ -72,6 +85,8 @@ class FileTier : public PageTier {
 
   absl::Status PutOne(const TierKey& key, absl::string_view value,
                       std::vector<std::string>* changed_dirs);
+  absl::Status WriteValue(const TierKey& key, absl::string_view value,
+                          std::vector<std::string>* changed_dirs);
   absl::StatusOr<std::string> GetOne(const TierKey& key) const;
   std::string TempPath(const std::string& dir);
 

@@ -213,6 +213,40 @@ TEST_F(FileTierTest, TruncatedFileIsDataLossAfterGet) {
                UnframeValue(*got, fingerprint_, geometry_.page_bytes()));
 }
 
+// A value corrupted on disk, or written by a pool of another geometry into
+// the same namespace: Get returns it, its frame makes it a miss.
+TEST_F(FileTierTest, CorruptedOrForeignValueIsDataLossAfterGet) {
+  const TierKey key{"ns", "bitrot"};
+  const std::string value = FramedPage(1, 8);
+  ASSERT_OK(PutOne(*tier_, key, value));
+  {
+    std::fstream f(tier_->PathOf(key),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kTierValueHeaderBytes + 7);
+    f.put(static_cast<char>(value[kTierValueHeaderBytes + 7] ^ 0x01));
+  }
+  auto got = GetOne(*tier_, key);
+  ASSERT_OK(got);
+  ASSERT_EQ(value.size(), got->size());
+  EXPECT_NE(value, *got);
+  auto page = UnframeValue(*got, fingerprint_, geometry_.page_bytes());
+  EXPECT_ERROR(DataLoss, page);
+  EXPECT_NE(std::string::npos, page.status().message().find("checksum"));
+
+  PoolGeometry mla = geometry_;
+  mla.attention = Attention::kMla;  // one plane: half the page bytes
+  mla.num_heads = 4;                // ... and twice the heads: same size
+  ASSERT_EQ(geometry_.page_bytes(), mla.page_bytes());
+  const std::string foreign(geometry_.page_bytes(), 'm');
+  ASSERT_OK(
+      PutOne(*tier_, key, FrameValue(GeometryFingerprint(mla, 2), foreign)));
+  got = GetOne(*tier_, key);
+  ASSERT_OK(got);
+  page = UnframeValue(*got, fingerprint_, geometry_.page_bytes());
+  EXPECT_ERROR(DataLoss, page);
+  EXPECT_NE(std::string::npos, page.status().message().find("geometry"));
+}
+
 // A writer that died between write and rename leaves only its temp file:
 // the key has no value, and a later Put goes through.
 TEST_F(FileTierTest, HalfWrittenTempFileIsNotVisible) {
@@ -348,7 +382,7 @@ TEST_F(FileTierTest, OpenRefusesABadRoot) {
 // A root that goes away after Open: errors, not a crash.
 TEST_F(FileTierTest, RootRemovedAfterOpenGivesErrors) {
   RemoveTree(root_);
-  EXPECT_FALSE(PutOne(*tier_, {"ns", "k"}, "v").ok());
+  EXPECT_ERROR(Unavailable, PutOne(*tier_, {"ns", "k"}, "v"));
   EXPECT_ERROR(NotFound, GetOne(*tier_, {"ns", "k"}));
   EXPECT_EQ(0u, *tier_->CountPrefix({TierKey{"ns", "k"}}));
   EXPECT_OK(tier_->Delete({TierKey{"ns", "k"}}));
