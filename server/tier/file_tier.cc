@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -148,7 +149,10 @@ absl::StatusOr<std::unique_ptr<FileTier>> FileTier::Open(
 }
 
 FileTier::FileTier(std::string root, FileTierOptions options)
-    : root_(std::move(root)), options_(options) {}
+    : root_(std::move(root)),
+      options_(options),
+      nonce_((static_cast<uint64_t>(std::random_device{}()) << 32) ^
+             std::random_device{}()) {}
 
 std::string FileTier::Describe() const {
   return absl::StrCat("file:", root_.empty() ? "/" : root_);
@@ -159,7 +163,8 @@ std::string FileTier::PathOf(const TierKey& key) const {
 }
 
 std::string FileTier::TempPath(const std::string& dir) {
-  return absl::StrFormat("%s/.tmp-%d-%d-%d", dir, ::getpid(), ::gettid(),
+  return absl::StrFormat("%s/.tmp-%d-%d-%016x-%d", dir, ::getpid(), ::gettid(),
+                         nonce_,
                          temp_counter_.fetch_add(1, std::memory_order_relaxed));
 }
 

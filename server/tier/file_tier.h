@@ -7,7 +7,7 @@
 //
 //   <root>/ns-<hex(namespace)>/<first 2 hex chars of the key, "__" for an
 //       empty key>/k-<hex(key)>        one value, as Put was given it
-//   .../.tmp-<pid>-<tid>-<n>            a Put in progress (or one that died)
+//   .../.tmp-<pid>-<tid>-<nonce>-<n>    a Put in progress (or one that died)
 //
 // A Put writes a temp file in the value's own directory, fdatasyncs it (if
 // options.fsync), renames it over the final name, then fsyncs each directory
@@ -93,6 +93,9 @@ class FileTier : public PageTier {
   // Const after construction.
   const std::string root_;  // no trailing '/'
   const FileTierOptions options_;
+  // In temp names: daemons in other pid namespaces (containers) sharing the
+  // directory can have the same pid and tid.
+  const uint64_t nonce_;
 
   std::atomic<uint64_t> temp_counter_{0};
 };
