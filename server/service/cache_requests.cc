@@ -154,27 +154,32 @@ absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
     UndoForEndedSession(target);
     return results.status();
   }
-  // The pages the cache did not take stay the caller's: those of items
-  // whose key was cached already, unless another item cached the page.
-  absl::flat_hash_set<uint64_t> kept;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if ((*results)[i].outcome == PublishOutcome::kCached) kept.insert(items[i].page);
-  }
-  std::vector<uint64_t> returned;
-  absl::flat_hash_set<uint64_t> seen;
   v1::PublishResponse response;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const PublishResult& result = (*results)[i];
+  response.mutable_results()->Reserve(static_cast<int>(items.size()));
+  uint64_t cached = 0;
+  uint64_t already_cached = 0;
+  for (const PublishResult& result : *results) {
     v1::PublishResult* out = response.add_results();
     out->set_outcome(ToProto(result.outcome));
     out->set_page(result.page);
-    if (result.outcome == PublishOutcome::kCached) {
-      response.set_cached(response.cached() + 1);
-    } else if (result.outcome == PublishOutcome::kAlreadyCached) {
-      response.set_already_cached(response.already_cached() + 1);
+    cached += result.outcome == PublishOutcome::kCached;
+    already_cached += result.outcome == PublishOutcome::kAlreadyCached;
+  }
+  response.set_cached(cached);
+  response.set_already_cached(already_cached);
+  // The pages the cache did not take stay the caller's: those of items
+  // whose key was cached already, unless another item cached the page.
+  std::vector<uint64_t> returned;
+  if (cached != items.size()) {
+    absl::flat_hash_set<uint64_t> kept;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if ((*results)[i].outcome == PublishOutcome::kCached) kept.insert(items[i].page);
     }
-    if (!kept.contains(items[i].page) && seen.insert(items[i].page).second) {
-      returned.push_back(items[i].page);
+    absl::flat_hash_set<uint64_t> seen;
+    for (const PublishItem& item : items) {
+      if (!kept.contains(item.page) && seen.insert(item.page).second) {
+        returned.push_back(item.page);
+      }
     }
   }
   if (!returned.empty()) {

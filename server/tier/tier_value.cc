@@ -1,0 +1,111 @@
+#include "server/tier/tier_value.h"
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "server/tier/crc32c.h"
+
+namespace hostkv {
+namespace {
+
+void AppendLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i)
+    out->push_back(static_cast<char>(v >> (8 * i)));
+}
+
+uint64_t ReadLe(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) {
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  }
+  return v;
+}
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+constexpr uint64_t kFnvPrime = 0x100000001b3ull;
+
+uint64_t Fnv1a(absl::string_view bytes) {
+  uint64_t h = kFnvOffset;
+  for (char c : bytes) {
+    h ^= static_cast<uint8_t>(c);
+    h *= kFnvPrime;
+  }
+  return h;
+}
+
+absl::Status Mismatch(absl::string_view what, uint64_t got, uint64_t want) {
+  return absl::DataLossError(absl::StrFormat(
+      "tier value: %s does not match (value has 0x%x, expected 0x%x)", what,
+      got, want));
+}
+
+}  // namespace
+
+uint64_t GeometryFingerprint(const PoolGeometry& g, uint32_t dtype,
+                             uint32_t mla_rope_dim) {
+  std::string e = "hostkv-flat-page-v1";  // the encoding's own version
+  AppendLe(&e, static_cast<uint8_t>(g.attention), 1);
+  AppendLe(&e, static_cast<uint8_t>(g.layout), 1);
+  AppendLe(&e, g.num_layers, 4);
+  AppendLe(&e, g.num_heads, 4);
+  AppendLe(&e, g.head_bytes, 4);
+  AppendLe(&e, g.page_size, 4);
+  AppendLe(&e, dtype, 4);
+  AppendLe(&e, g.attention == Attention::kMla ? mla_rope_dim : 0, 4);
+  return Fnv1a(e);
+}
+
+std::string FrameValue(uint64_t fingerprint, absl::string_view page) {
+  std::string out;
+  out.reserve(kTierValueHeaderBytes + page.size());
+  out.append(kTierValueMagic, sizeof(kTierValueMagic));
+  AppendLe(&out, kTierValueVersion, 4);
+  AppendLe(&out, fingerprint, 8);
+  AppendLe(&out, page.size(), 8);
+  AppendLe(&out, Crc32c(page.data(), page.size()), 4);
+  AppendLe(&out, 0, 4);
+  out.append(page.data(), page.size());
+  return out;
+}
+
+absl::StatusOr<absl::string_view> UnframeValue(absl::string_view value,
+                                               uint64_t expected_fingerprint,
+                                               uint64_t expected_page_bytes) {
+  if (value.size() < kTierValueHeaderBytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "tier value: truncated header (%d bytes, the header is %d)",
+        value.size(), kTierValueHeaderBytes));
+  }
+  const char* h = value.data();
+  if (std::memcmp(h, kTierValueMagic, sizeof(kTierValueMagic)) != 0) {
+    return Mismatch("magic", ReadLe(h, 4), ReadLe(kTierValueMagic, 4));
+  }
+  if (uint64_t v = ReadLe(h + 4, 4); v != kTierValueVersion) {
+    return Mismatch("version", v, kTierValueVersion);
+  }
+  if (uint64_t r = ReadLe(h + 28, 4); r != 0) {
+    return Mismatch("reserved", r, 0);
+  }
+  if (uint64_t f = ReadLe(h + 8, 8); f != expected_fingerprint) {
+    return Mismatch("geometry", f, expected_fingerprint);
+  }
+  if (uint64_t n = ReadLe(h + 16, 8); n != expected_page_bytes) {
+    return Mismatch("page bytes", n, expected_page_bytes);
+  }
+  const uint64_t have = value.size() - kTierValueHeaderBytes;
+  if (have != expected_page_bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "tier value: size does not match (%d page bytes after the header, "
+        "its header says %d)",
+        have, expected_page_bytes));
+  }
+  absl::string_view page = value.substr(kTierValueHeaderBytes);
+  const uint32_t crc = Crc32c(page.data(), page.size());
+  if (uint64_t c = ReadLe(h + 24, 4); c != crc) {
+    return Mismatch("checksum", c, crc);
+  }
+  return page;
+}
+
+}  // namespace hostkv
