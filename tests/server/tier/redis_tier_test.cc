@@ -265,6 +265,25 @@ TEST_F(RedisTierTest, ServerDownAtOpenThenUp) {
   EXPECT_OK(status);
 }
 
+// After a failed connection attempt the tier does not try again before the
+// backoff has passed: the next calls fail at once, naming the last error.
+TEST_F(RedisTierTest, BackoffAfterAFailedConnect) {
+  server_.Kill();
+  RedisTierOptions options{server_.address(), "", absl::Seconds(1),
+                           absl::Seconds(1), 2};
+  options.first_backoff = absl::Hours(1);  // no second attempt in this test
+  auto tier = RedisTier::Open(options);    // its probe fails: backoff starts
+  ASSERT_OK(tier);
+  ASSERT_OK(server_.Start());
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<uint64_t> count = (*tier)->CountPrefix(Keys("ns", 1));
+    EXPECT_ERROR(Unavailable, count);
+    EXPECT_NE(std::string::npos,
+              count.status().message().find("not connected (next attempt in"))
+        << count.status();
+  }
+}
+
 // Redis killed while the tier is in use: calls return Unavailable; Redis
 // restarted on the same socket: the tier serves again by itself.
 TEST_F(RedisTierTest, KilledAndRestarted) {
