@@ -1,6 +1,5 @@
-// Redis Cluster's key-to-slot map (groundwork for the cluster tier of issue
-// 14; no tier uses it yet): the slot of a key, and the slot map that
-// CLUSTER SLOTS returns.
+// Redis Cluster's key-to-slot map (used by redis_cluster_router): the slot
+// of a key, and the slot map that CLUSTER SLOTS returns.
 #ifndef HOSTKV_SERVER_TIER_REDIS_CLUSTER_SLOTS_H_
 #define HOSTKV_SERVER_TIER_REDIS_CLUSTER_SLOTS_H_
 
