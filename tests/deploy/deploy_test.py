@@ -74,8 +74,11 @@ TOOLCHAIN = re.compile(r"^(gcc|g\+\+|cpp|clang|llvm|cmake|make|ninja-build|build
                        r"binutils|protobuf-compiler.*|nvidia-cuda-toolkit|cuda-.*|.*-dev)(-\d.*)?$")
 # Files the build reads (the build context must not lose them).
 BUILD_INPUT = re.compile(r"(\.(h|hh|hpp|inc|c|cc|cpp|cu|cuh|proto|cmake|sh|in)|^CMakeLists\.txt)$")
-# install_deps.sh packages that only the tests need.
-TEST_ONLY = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|python3-.*|clang|libclang-rt-.*)$")
+# install_deps.sh packages that only the tests need (hiredis too, while the
+# Redis tier is not linked into hostkvd: its tests use it; redis-server and
+# redis-tools are the servers those tests start).
+TEST_ONLY = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|python3-.*|clang|libclang-rt-.*"
+                       r"|libhiredis-dev|redis-server|redis-tools)$")
 
 
 class Failures:
