@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/contract/shm_segment.h"
 #include "server/service/request_handler.h"
@@ -47,7 +48,10 @@ class HandlerFixture : public ::testing::Test {
     auto r = handler_.OpenSession(v1::OpenSessionRequest());
     EXPECT_OK(r);
     if (!r.ok()) return SessionId();
-    numbers_[r->session_id()] = r->session_number();
+    {
+      absl::MutexLock lock(&numbers_mu_);  // tests open sessions from threads
+      numbers_[r->session_id()] = r->session_number();
+    }
     if (attach) {
       EXPECT_OK(handler_.AttachSession(
           r->session_id(),
@@ -159,7 +163,10 @@ class HandlerFixture : public ::testing::Test {
   TransferEngine transfers_;
   RequestHandler handler_;
   ShmSegment device_;
-  std::map<SessionId, uint32_t> numbers_;  // session id -> public number
+  // Session id -> public number; written under numbers_mu_ (OpenSession may
+  // run on several threads), read by test bodies once those have joined.
+  absl::Mutex numbers_mu_;
+  std::map<SessionId, uint32_t> numbers_;
   static inline int counter_ = 0;
 };
 
