@@ -14,11 +14,8 @@
 #include "server/cache/page_cache_entry.h"
 
 namespace hostkv {
-namespace {
 
-constexpr uint64_t kMaxReferences = UINT32_MAX;
-
-absl::Status CheckNamespace(absl::string_view name_space) {
+absl::Status CheckCacheNamespace(absl::string_view name_space) {
   if (name_space.empty() || name_space.size() > kMaxCacheNamespaceBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cache namespace is ", name_space.size(), " bytes; namespaces are 1..",
@@ -27,7 +24,7 @@ absl::Status CheckNamespace(absl::string_view name_space) {
   return absl::OkStatus();
 }
 
-absl::Status CheckKey(absl::string_view key, size_t index, bool parent) {
+absl::Status CheckCacheKey(absl::string_view key, size_t index, bool parent) {
   if ((key.empty() && !parent) || key.size() > kMaxCacheKeyBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(parent ? "parent key " : "cache key ", index, " is ",
@@ -36,6 +33,10 @@ absl::Status CheckKey(absl::string_view key, size_t index, bool parent) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+constexpr uint64_t kMaxReferences = UINT32_MAX;
 
 absl::Status NoSession() {
   return absl::InvalidArgumentError("a reference needs a session");
@@ -165,11 +166,11 @@ void PageCache::Count(uint16_t ns, uint64_t CacheCounters::*field,
 absl::Status PageCache::CheckPublish(absl::string_view name_space,
                                      absl::Span<const PublishItem> items,
                                      bool acquire, OwnerTag session) const {
-  RETURN_IF_ERROR(CheckNamespace(name_space));
+  RETURN_IF_ERROR(CheckCacheNamespace(name_space));
   if (acquire && session == kNoOwner) return NoSession();
   for (size_t i = 0; i < items.size(); ++i) {
-    RETURN_IF_ERROR(CheckKey(items[i].key, i, false));
-    RETURN_IF_ERROR(CheckKey(items[i].parent_key, i, true));
+    RETURN_IF_ERROR(CheckCacheKey(items[i].key, i, false));
+    RETURN_IF_ERROR(CheckCacheKey(items[i].parent_key, i, true));
     if (items[i].page >= num_pages_) {
       return absl::InvalidArgumentError(
           absl::StrCat("page ", items[i].page, " of item ", i,
@@ -294,10 +295,10 @@ absl::StatusOr<PublishResult> PageCache::Publish(absl::string_view name_space,
 absl::StatusOr<LookupResult> PageCache::Lookup(
     absl::string_view name_space, absl::Span<const absl::string_view> keys,
     bool acquire, OwnerTag session) {
-  RETURN_IF_ERROR(CheckNamespace(name_space));
+  RETURN_IF_ERROR(CheckCacheNamespace(name_space));
   if (acquire && session == kNoOwner) return NoSession();
   for (size_t i = 0; i < keys.size(); ++i) {
-    RETURN_IF_ERROR(CheckKey(keys[i], i, false));
+    RETURN_IF_ERROR(CheckCacheKey(keys[i], i, false));
   }
   LookupResult result;
   absl::MutexLock lock(&mu_);
@@ -359,9 +360,19 @@ void PageCache::EvictColdestLocked(size_t hash) {
   if (e.parent != kNone) DropChild(e.parent);
 }
 
-std::vector<uint64_t> PageCache::Evict(uint64_t max_pages) {
-  std::vector<uint64_t> pages;
+std::vector<uint64_t> PageCache::EvictForAllocation(uint64_t needed) {
   absl::MutexLock lock(&mu_);
+  if (total_.cached - total_.referenced < needed) return {};
+  return EvictLocked(needed);
+}
+
+std::vector<uint64_t> PageCache::Evict(uint64_t max_pages) {
+  absl::MutexLock lock(&mu_);
+  return EvictLocked(max_pages);
+}
+
+std::vector<uint64_t> PageCache::EvictLocked(uint64_t max_pages) {
+  std::vector<uint64_t> pages;
   pages.reserve(std::min(max_pages, total_.evictable));
   while (pages.size() < max_pages && coldest_ != kNone) {
     const uint32_t page = coldest_;

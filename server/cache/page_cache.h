@@ -99,6 +99,12 @@ struct LookupResult {
   std::vector<uint64_t> pages;
 };
 
+// InvalidArgument unless the namespace is 1..kMaxCacheNamespaceBytes bytes.
+absl::Status CheckCacheNamespace(absl::string_view name_space);
+// InvalidArgument unless `key` (item `index`'s key, or its parent key, which
+// may be empty) is within kMaxCacheKeyBytes.
+absl::Status CheckCacheKey(absl::string_view key, size_t index, bool parent);
+
 // Pages in the given order as runs of consecutive page numbers (a run
 // breaks wherever the next page is not the previous one plus one).
 std::vector<PageRun> ToPageRuns(absl::Span<const uint64_t> pages);
@@ -198,6 +204,11 @@ class PageCache {
   // evictable; a parent freed by its last child's eviction may be taken by
   // the same call.
   std::vector<uint64_t> Evict(uint64_t max_pages) ABSL_LOCKS_EXCLUDED(mu_);
+  // For an allocation short of `needed` pages: Evict(needed) if the
+  // unreferenced cached pages make up the shortfall, else nothing (an
+  // allocation bound to fail evicts no page). One lock for both.
+  std::vector<uint64_t> EvictForAllocation(uint64_t needed)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t num_pages() const { return num_pages_; }
   uint64_t cached_pages() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -317,6 +328,9 @@ class PageCache {
   PublishResult PublishOneLocked(uint16_t ns, const PublishItem& item,
                                  size_t hash, uint32_t parent,
                                  uint32_t* page_out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evict's body.
+  std::vector<uint64_t> EvictLocked(uint64_t max_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the coldest evictable entry, whose key hashes to `hash`.
   void EvictColdestLocked(size_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

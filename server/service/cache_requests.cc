@@ -18,25 +18,6 @@
 namespace hostkv {
 namespace {
 
-absl::Status CheckNamespace(const std::string& name_space) {
-  if (name_space.empty() || name_space.size() > kMaxCacheNamespaceBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "namespace is ", name_space.size(), " bytes; it must be 1..",
-        kMaxCacheNamespaceBytes));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckKey(const std::string& key, size_t index, const char* what,
-                      bool may_be_empty) {
-  if ((key.empty() && !may_be_empty) || key.size() > kMaxCacheKeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ", index, " is ", key.size(), " bytes; keys are ",
-        may_be_empty ? "0" : "1", "..", kMaxCacheKeyBytes, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckCount(size_t count, const char* what) {
   if (count == 0 || count > static_cast<size_t>(kMaxRunsPerRequest)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -48,12 +29,11 @@ absl::Status CheckCount(size_t count, const char* what) {
 
 // Everything Publish can refuse before it moves a page.
 absl::Status CheckPublishRequest(const v1::PublishRequest& request) {
-  RETURN_IF_ERROR(CheckNamespace(request.namespace_()));
+  RETURN_IF_ERROR(CheckCacheNamespace(request.namespace_()));
   RETURN_IF_ERROR(CheckCount(request.items_size(), "items"));
   for (int i = 0; i < request.items_size(); ++i) {
-    RETURN_IF_ERROR(CheckKey(request.items(i).key(), i, "key of item", false));
-    RETURN_IF_ERROR(
-        CheckKey(request.items(i).parent_key(), i, "parent_key of item", true));
+    RETURN_IF_ERROR(CheckCacheKey(request.items(i).key(), i, false));
+    RETURN_IF_ERROR(CheckCacheKey(request.items(i).parent_key(), i, true));
   }
   return absl::OkStatus();
 }
@@ -205,10 +185,10 @@ absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(CacheTarget target,
                    ResolveCacheTarget(request.session_id(), request.pool()));
-  RETURN_IF_ERROR(CheckNamespace(request.namespace_()));
+  RETURN_IF_ERROR(CheckCacheNamespace(request.namespace_()));
   RETURN_IF_ERROR(CheckCount(request.keys_size(), "keys"));
   for (int i = 0; i < request.keys_size(); ++i) {
-    RETURN_IF_ERROR(CheckKey(request.keys(i), i, "key", false));
+    RETURN_IF_ERROR(CheckCacheKey(request.keys(i), i, false));
   }
   HostPool& pool = *target.pool;
   RETURN_IF_ERROR(pool.namespaces().CheckUse(pool.name(), request.namespace_(),
@@ -252,14 +232,7 @@ absl::StatusOr<v1::CopyPagesResponse> RequestHandler::CopyPages(
   const PoolGeometry& g = target.pool->geometry();
   std::vector<PageRun> all = from;
   all.insert(all.end(), to.begin(), to.end());
-  for (const PageRun& run : all) {
-    if (run.first_page >= g.num_pages() ||
-        run.num_pages > g.num_pages() - run.first_page) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pages [", run.first_page, ", +", run.num_pages,
-          ") out of range: the pool has ", g.num_pages(), " pages"));
-    }
-  }
+  RETURN_IF_ERROR(CheckRunsInPool(all, g.num_pages()));
   RETURN_IF_ERROR(CheckNoOverlap(PagesToTokenSpans(all, 1),
                                  "from_pages and to_pages"));
   const uint64_t pages = CountPages(from);

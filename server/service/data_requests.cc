@@ -30,18 +30,11 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
         " is not a positive multiple of the pool's page_size ", page_size));
   }
   // Short of free pages, the pool's page cache gives up its coldest
-  // unreferenced pages: only when the unreferenced ones make up the
-  // shortfall, so that an allocation bound to fail evicts nothing.
+  // unreferenced pages (none if they cannot make up the shortfall).
   PageCache& cache = pool->cache();
   absl::StatusOr<std::vector<PageRun>> allocated = pool->allocator().Allocate(
       request.num_tokens() / page_size, session->tag(),
-      [&cache](uint64_t needed) {
-        const uint64_t cached = cache.cached_pages();
-        const uint64_t referenced = cache.referenced_pages();
-        return cached >= referenced && cached - referenced >= needed
-                   ? cache.Evict(needed)
-                   : std::vector<uint64_t>();
-      });
+      [&cache](uint64_t needed) { return cache.EvictForAllocation(needed); });
   if (!allocated.ok()) {
     if (metrics_ != nullptr) metrics_->RecordAllocFailure("pool_full");
     return allocated.status();
@@ -315,13 +308,8 @@ absl::StatusOr<v1::GetPageBufferMetaResponse> RequestHandler::GetPageBufferMeta(
   ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
   const PoolGeometry& g = pool->geometry();
   std::vector<BufferPiece> pieces;
+  RETURN_IF_ERROR(CheckRunsInPool(runs, g.num_pages()));
   for (const PageRun& run : runs) {
-    if (run.first_page >= g.num_pages() ||
-        run.num_pages > g.num_pages() - run.first_page) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pages [", run.first_page, ", +", run.num_pages,
-          ") out of range: the pool has ", g.num_pages(), " pages"));
-    }
     if (pieces.size() + run.num_pages * 2 * g.num_layers > kMaxRunsPerRequest) {
       return absl::InvalidArgumentError(
           "the request would list more than 2^20 pieces; split it");

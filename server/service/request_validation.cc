@@ -89,6 +89,18 @@ absl::StatusOr<std::vector<PageRun>> TransferHostRuns(
              : ToPageRuns(request.host_pages());
 }
 
+absl::Status CheckRunsInPool(const std::vector<PageRun>& runs,
+                             uint64_t num_pages) {
+  for (const PageRun& run : runs) {
+    if (run.first_page >= num_pages || run.num_pages > num_pages - run.first_page) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pages [", run.first_page, ", +", run.num_pages,
+          ") out of range: the pool has ", num_pages, " pages"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 uint64_t CountPages(const std::vector<PageRun>& runs) {
   uint64_t pages = 0;
   for (const PageRun& run : runs) pages += run.num_pages;

@@ -35,6 +35,10 @@ absl::StatusOr<std::vector<PageRun>> PairsToPageRuns(
 absl::StatusOr<std::vector<PageRun>> TransferHostRuns(
     const v1::TransferRequest& request);
 
+// InvalidArgument unless every run lies within a pool of `num_pages` pages.
+absl::Status CheckRunsInPool(const std::vector<PageRun>& runs,
+                             uint64_t num_pages);
+
 // Total pages of `runs` (no overflow: each run is within a pool).
 uint64_t CountPages(const std::vector<PageRun>& runs);
 
