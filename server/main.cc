@@ -37,6 +37,8 @@
 #include "server/transfer/gpu_backend.h"
 #include "server/service/grpc_service.h"
 #include "server/service/health_service.h"
+#include "server/operations/tier_report.h"
+#include "server/tier/cache_tier.h"
 #include "server/operations/instance_lock.h"
 #include "server/operations/logging.h"
 #include "server/pool/memory_budget.h"
@@ -88,6 +90,7 @@ struct Daemon {
   std::unique_ptr<PoolRegistry> pools;
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<TransferEngine> transfers;
+  std::unique_ptr<CacheTier> tier;  // null without --tier
   std::unique_ptr<RequestHandler> handler;
   std::unique_ptr<GrpcService> service;
   std::unique_ptr<HealthService> health;
@@ -95,6 +98,7 @@ struct Daemon {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<SessionMonitor> monitor;
   std::shared_ptr<StateCollector> collector;
+  std::shared_ptr<TierCollector> tier_collector;
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
@@ -150,6 +154,16 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   d.handler = std::make_unique<RequestHandler>(
       o.limits, d.budget.get(), d.pools.get(), d.sessions.get(),
       d.transfers.get(), d.metrics.get(), d.gpu.get());
+  if (!o.tier.url.empty()) {
+    absl::StatusOr<std::unique_ptr<CacheTier>> tier = CacheTier::Open(o.tier);
+    if (!tier.ok()) {
+      return absl::Status(tier.status().code(),
+                          absl::StrCat("--tier=", o.tier.url, ": ",
+                                       tier.status().message()));
+    }
+    d.tier = *std::move(tier);
+    d.handler->set_tier(d.tier.get());
+  }
   const gid_t config_gid =
       o.socket_gid != static_cast<gid_t>(-1) ? o.socket_gid : getegid();
   return CreateConfiguredPools(
@@ -170,6 +184,10 @@ absl::Status StartMetrics(const DaemonOptions& o, Daemon& d) {
                                                  d.budget.get());
   d.exposer->RegisterCollectable(d.registry);
   d.exposer->RegisterCollectable(d.collector);
+  if (d.tier != nullptr) {
+    d.tier_collector = std::make_shared<TierCollector>(d.tier.get());
+    d.exposer->RegisterCollectable(d.tier_collector);
+  }
   spdlog::info("metrics on http://{}/metrics", address);
   return absl::OkStatus();
 }
@@ -213,12 +231,19 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
 }
 
 // Health: "" and "hostkv.v1.HostKV" for the daemon, "hostkv.pool.<name>"
-// for each pool (SERVING once it is ready to use).
+// for each pool (SERVING once it is ready to use), "hostkv.tier" for the
+// storage tier (NOT_SERVING while it does not answer; the daemon itself
+// stays SERVING).
 void PublishHealth(Daemon& d) {
   HealthService* health = d.health.get();
   d.pools->SetObserver([health](const std::string& pool, bool serving) {
     health->SetServing("hostkv.pool." + pool, serving);
   });
+  if (d.tier != nullptr) {
+    d.tier->health().SetObserver([health](bool up) {
+      health->SetServing("hostkv.tier", up);
+    });
+  }
   health->SetServing("hostkv.v1.HostKV", true);
   health->SetServing("", true);
 }
@@ -246,6 +271,14 @@ void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
   d.transfers->Drain();
   d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   d.server->Wait();
+  if (d.tier != nullptr) {
+    // Pages published before the signal still reach the tier (a while).
+    if (!d.tier->writer().Flush(absl::Seconds(5))) {
+      spdlog::warn("tier {}: pages still queued after 5 s are not written",
+                   d.tier->Describe());
+    }
+    d.tier->Stop();
+  }
   if (!o.socket_path.empty()) unlink(o.socket_path.c_str());
 }
 
@@ -307,6 +340,7 @@ int Run() {
                FormatBytes(o.reserve));
   WaitAndDrain(o, d);
   d.pools->SetObserver(nullptr);  // the health service goes first
+  if (d.tier != nullptr) d.tier->health().SetObserver(nullptr);
   spdlog::info("hostkvd stopped");
   return 0;
 }

@@ -294,7 +294,7 @@ absl::StatusOr<PublishResult> PageCache::Publish(absl::string_view name_space,
 
 absl::StatusOr<LookupResult> PageCache::Lookup(
     absl::string_view name_space, absl::Span<const absl::string_view> keys,
-    bool acquire, OwnerTag session) {
+    bool acquire, OwnerTag session, bool count_misses) {
   RETURN_IF_ERROR(CheckCacheNamespace(name_space));
   if (acquire && session == kNoOwner) return NoSession();
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -304,8 +304,10 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
   absl::MutexLock lock(&mu_);
   auto ns_it = namespace_ids_.find(name_space);
   if (ns_it == namespace_ids_.end()) {
-    total_.misses += keys.size();
-    unknown_namespace_misses_ += keys.size();
+    if (count_misses) {
+      total_.misses += keys.size();
+      unknown_namespace_misses_ += keys.size();
+    }
     return result;
   }
   const uint16_t ns = ns_it->second;
@@ -334,7 +336,9 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     return TooManyReferences();
   }
   Count(ns, &CacheCounters::hits, static_cast<int64_t>(hits));
-  Count(ns, &CacheCounters::misses, static_cast<int64_t>(n - hits));
+  if (count_misses) {
+    Count(ns, &CacheCounters::misses, static_cast<int64_t>(n - hits));
+  }
   result.hits = hits;
   SessionRefs* held = acquire && hits > 0 ? &refs_[session] : nullptr;
   // Last hit first, so that the first ends up hottest.
@@ -344,6 +348,32 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     Touch(page);
   }
   return result;
+}
+
+absl::StatusOr<std::vector<uint64_t>> PageCache::ReferenceKeys(
+    absl::string_view name_space, absl::Span<const absl::string_view> keys,
+    OwnerTag holder) {
+  RETURN_IF_ERROR(CheckCacheNamespace(name_space));
+  if (holder == kNoOwner) return NoSession();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    RETURN_IF_ERROR(CheckCacheKey(keys[i], i, false));
+  }
+  std::vector<uint64_t> pages(keys.size(), kNotCached);
+  absl::MutexLock lock(&mu_);
+  auto ns_it = namespace_ids_.find(name_space);
+  if (ns_it == namespace_ids_.end()) return pages;
+  if (total_refs_ + keys.size() > kMaxReferences) return TooManyReferences();
+  const uint16_t ns = ns_it->second;
+  SessionRefs* held = nullptr;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t page =
+        FindLocked(KeyRef{ns, keys[i], HashOf(ns, keys[i])});
+    if (page == kNone) continue;
+    if (held == nullptr) held = &refs_[holder];
+    AddRef(page, *held);
+    pages[i] = page;
+  }
+  return pages;
 }
 
 // ---- Eviction ---------------------------------------------------------

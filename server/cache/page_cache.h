@@ -174,10 +174,27 @@ class PageCache {
   // namespace outside 1..128 bytes, a key outside 1..64 or acquire with
   // kNoOwner; ResourceExhausted with acquire when the cache would hold more
   // than 2^32 - 1 references in all.
+  //
+  // With count_misses false, the keys not found are not counted as misses
+  // (the caller looks them up again, e.g. after bringing pages from a
+  // storage tier, and that lookup counts them).
   absl::StatusOr<LookupResult> Lookup(absl::string_view name_space,
                                       absl::Span<const absl::string_view> keys,
-                                      bool acquire, OwnerTag session)
+                                      bool acquire, OwnerTag session,
+                                      bool count_misses = true)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // For a reader of cached bytes that is not a client (the storage tier's
+  // writer): gives `holder` a reference on the page cached under each key
+  // and returns the pages, kNotCached for a key not cached. Unlike Lookup it
+  // counts nothing and touches nothing (the LRU order is the clients').
+  // InvalidArgument for a bad namespace or key or holder kNoOwner;
+  // ResourceExhausted past the cache's reference limit. The holder drops
+  // them with Release.
+  static constexpr uint64_t kNotCached = UINT64_MAX;
+  absl::StatusOr<std::vector<uint64_t>> ReferenceKeys(
+      absl::string_view name_space, absl::Span<const absl::string_view> keys,
+      OwnerTag holder) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops one of `session`'s references per page listed (a page listed
   // twice, two). All or nothing: InvalidArgument for an empty run or one

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
 #include "server/operations/byte_size.h"
+#include "server/operations/tier_flags.h"
 #include "server/operations/logging.h"
 #include "server/pool/pool_access.h"
 
@@ -384,10 +385,18 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
       threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, cores - 1);
   o.config_path = absl::GetFlag(FLAGS_config);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  ASSIGN_OR_RETURN(o.tier, ReadTierFlags());
   return o;
 }
 
-const std::vector<std::string>& DaemonFlagNames() { return kFlagNames; }
+const std::vector<std::string>& DaemonFlagNames() {
+  static const std::vector<std::string>* names = [] {
+    auto* all = new std::vector<std::string>(kFlagNames);
+    all->insert(all->end(), TierFlagNames().begin(), TierFlagNames().end());
+    return all;
+  }();
+  return *names;
+}
 
 absl::Status SetUpLoggingFromFlags() {
   return SetUpLogging(absl::GetFlag(FLAGS_log_level),

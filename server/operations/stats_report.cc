@@ -98,7 +98,11 @@ void FillPoolStats(const HostPool& pool,
   // Pages of sessions that are ending right now (out of the registry, their
   // pages not yet freed).
   for (const auto& [tag, pages] : occupancy.usage) {
-    if (!by_tag.contains(tag)) add(tag, "(ending)", pages, 0);
+    if (tag == kTierOwner) {
+      add(tag, "(storage tier: pages being brought in)", pages, 0);
+    } else if (!by_tag.contains(tag)) {
+      add(tag, "(ending)", pages, 0);
+    }
   }
 }
 

@@ -37,6 +37,11 @@ inline constexpr OwnerTag kNoOwner = 0;
 // FreeAllOwnedBy) touches a cached page. Methods taking a session's tag
 // refuse this one with InvalidArgument.
 inline constexpr OwnerTag kCacheOwner = UINT32_MAX;
+// The storage tier's own work (server/tier/tier_reader.h, tier_writer.h):
+// it owns the pages it fills from a tier until they are published, and
+// holds references on the cached pages it writes to a tier. No session gets
+// this tag either (SessionRegistry skips it).
+inline constexpr OwnerTag kTierOwner = UINT32_MAX - 1;
 
 // Asked by Allocate for up to `needed` pages when free ones are short: takes
 // them from the page cache (PageCache::Evict) and returns their numbers;

@@ -2,6 +2,7 @@
 // CopyPages). The cache's own bookkeeping is server/cache/page_cache.h; the
 // pages' ownership is the pool's allocator (kCacheOwner). Lock order: the
 // allocator's, then the cache's; nothing here holds either across a call.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,10 @@
 
 namespace hostkv {
 namespace {
+
+// What a lookup that waits for a tier leaves of its caller's deadline for
+// the reply.
+constexpr absl::Duration kTierReplyMargin = absl::Milliseconds(20);
 
 absl::Status CheckCount(size_t count, const char* what) {
   if (count == 0 || count > static_cast<size_t>(kMaxRunsPerRequest)) {
@@ -147,6 +152,16 @@ absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
   }
   response.set_cached(cached);
   response.set_already_cached(already_cached);
+  if (tier_ != nullptr && cached > 0) {
+    std::vector<absl::string_view> published;
+    published.reserve(cached);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if ((*results)[i].outcome == PublishOutcome::kCached) {
+        published.push_back(items[i].key);
+      }
+    }
+    tier_->writer().OnPublished(target.pool, request.namespace_(), published);
+  }
   // The pages the cache did not take stay the caller's: those of items
   // whose key was cached already, unless another item cached the page.
   std::vector<uint64_t> returned;
@@ -180,8 +195,48 @@ absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
   return response;
 }
 
+absl::Status RequestHandler::LookupInTier(
+    const CacheTarget& target, const v1::LookupRequest& request,
+    absl::Span<const absl::string_view> keys, absl::Time deadline,
+    LookupResult& found) {
+  HostPool& pool = *target.pool;
+  const size_t hits = found.hits;
+  // Pages brought from the tier are published under the namespace as the
+  // caller would publish them: it claims a namespace nobody owns. A caller
+  // at its namespace limit gets what host memory has.
+  const bool claimed =
+      pool.namespaces()
+          .ClaimOrCheck(pool.name(), request.namespace_(),
+                        Principal::Of(*target.session))
+          .ok();
+  const size_t ask =
+      std::min<size_t>(keys.size() - hits, tier_->config().fetch_pages);
+  std::shared_ptr<TierFetch> fetch;
+  if (claimed) {
+    std::vector<std::string> wanted(keys.begin() + hits,
+                                    keys.begin() + hits + ask);
+    fetch = tier_->reader().Start(
+        target.pool, request.namespace_(),
+        hits > 0 ? std::string(keys[hits - 1]) : std::string(),
+        std::move(wanted));
+  }
+  if (fetch != nullptr) {
+    // Leave the reply time to reach a caller whose deadline is near.
+    const absl::Time wait_until =
+        std::min(absl::Now() + tier_->config().fetch_wait,
+                 deadline - kTierReplyMargin);
+    if (!fetch->WaitUntil(wait_until)) tier_->NoteLateFetch();
+  }
+  ASSIGN_OR_RETURN(LookupResult more,
+                   pool.cache().Lookup(request.namespace_(), keys.subspan(hits),
+                                       request.acquire(), target.session->tag()));
+  found.hits += more.hits;
+  found.pages.insert(found.pages.end(), more.pages.begin(), more.pages.end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
-    const v1::LookupRequest& request) {
+    const v1::LookupRequest& request, absl::Time deadline) {
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(CacheTarget target,
                    ResolveCacheTarget(request.session_id(), request.pool()));
@@ -198,10 +253,21 @@ absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
   }
   std::vector<absl::string_view> keys(request.keys().begin(),
                                       request.keys().end());
+  // With a tier that answers, the keys not found are looked up once more
+  // after the fetch, and counted then.
+  const bool may_fetch = tier_ != nullptr && tier_->health().up();
   ASSIGN_OR_RETURN(LookupResult found,
                    pool.cache().Lookup(request.namespace_(), keys,
-                                       request.acquire(), target.session->tag()));
+                                       request.acquire(), target.session->tag(),
+                                       /*count_misses=*/!may_fetch));
+  if (may_fetch && found.hits < keys.size()) {
+    RETURN_IF_ERROR(LookupInTier(target, request, keys, deadline, found));
+  }
   if (request.acquire()) UndoForEndedSession(target);
+  if (tier_ != nullptr && found.hits > 0) {
+    tier_->writer().OnHits(target.pool, request.namespace_(),
+                           absl::MakeConstSpan(keys).first(found.hits));
+  }
   v1::LookupResponse response;
   response.set_hits(found.hits);
   AddRuns(ToPageRuns(found.pages), response.mutable_pages());

@@ -1,5 +1,6 @@
 #include "server/service/grpc_service.h"
 
+#include <chrono>
 #include <utility>
 
 #include "proto/contract/grpc_status.h"
@@ -24,6 +25,28 @@ grpc::Status Respond(const char* method, grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+// The handler's method for a request; those that take the caller's
+// deadline (Lookup waits for a storage tier) get it.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Dispatch(
+    RequestHandler* handler, grpc::ServerContext*, const Request& request,
+    absl::StatusOr<Response> (RequestHandler::*method)(const Request&)) {
+  return (handler->*method)(request);
+}
+template <typename Request, typename Response>
+absl::StatusOr<Response> Dispatch(
+    RequestHandler* handler, grpc::ServerContext* context,
+    const Request& request,
+    absl::StatusOr<Response> (RequestHandler::*method)(const Request&,
+                                                       absl::Time)) {
+  const auto deadline = context->deadline();
+  const absl::Time until =
+      deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365)
+          ? absl::InfiniteFuture()
+          : absl::FromChrono(deadline);
+  return (handler->*method)(request, until);
+}
+
 }  // namespace
 
 #define HOSTKV_DEFINE_RPC(Method, Request, Response)                       \
@@ -33,7 +56,9 @@ grpc::Status Respond(const char* method, grpc::ServerContext* context,
     if (grpc::Status auth = authorizer_.Check(*context); !auth.ok()) {     \
       return auth;                                                         \
     }                                                                      \
-    return Respond(#Method, context, metrics_, handler_->Method(*request), \
+    return Respond(#Method, context, metrics_,                             \
+                   Dispatch(handler_, context, *request,                   \
+                            &RequestHandler::Method),                      \
                    response);                                              \
   }
 HOSTKV_V1_RPCS(HOSTKV_DEFINE_RPC)

@@ -10,6 +10,7 @@
 #include "server/pool/pool_access.h"
 #include "server/service/request_validation.h"
 #include "server/operations/stats_report.h"
+#include "server/operations/tier_report.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
@@ -405,6 +406,7 @@ absl::StatusOr<v1::GetPoolStatsResponse> RequestHandler::GetPoolStats(
   response.set_memory_budget_bytes(budget_->budget_bytes());
   response.set_memory_reserved_bytes(budget_->reserved_bytes());
   response.set_open_sessions(static_cast<uint32_t>(sessions.size()));
+  if (tier_ != nullptr) FillTierStats(*tier_, response.mutable_tier());
   return response;
 }
 

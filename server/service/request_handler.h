@@ -18,6 +18,7 @@
 #include "server/pool/pool_registry.h"
 #include "server/service/request_validation.h"
 #include "server/sessions/session_registry.h"
+#include "server/tier/cache_tier.h"
 #include "server/transfer/transfer_engine.h"
 
 namespace hostkv {
@@ -121,13 +122,22 @@ class RequestHandler {
 
   // The page cache (cache_requests.cc).
   absl::StatusOr<v1::PublishResponse> Publish(const v1::PublishRequest& request);
-  absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
+  // With a storage tier, a miss asks the tier for the keys that follow and
+  // waits for them until `deadline` (the caller's, less a margin) or the
+  // tier's fetch_wait, whichever is first.
+  absl::StatusOr<v1::LookupResponse> Lookup(
+      const v1::LookupRequest& request,
+      absl::Time deadline = absl::InfiniteFuture());
   absl::StatusOr<v1::ReleaseResponse> Release(const v1::ReleaseRequest& request);
   absl::StatusOr<v1::CopyPagesResponse> CopyPages(
       const v1::CopyPagesRequest& request);
 
   absl::StatusOr<v1::GetPoolStatsResponse> GetPoolStats(
       const v1::GetPoolStatsRequest& request);
+
+  // The storage tier under every pool's page cache (null: none). Set once,
+  // before requests are served; it must outlive the requests.
+  void set_tier(CacheTier* tier) { tier_ = tier; }
 
   // From now on, requests that would change state fail with Unavailable.
   // Refuses new work, and lets every backup waiting for an engine's "KV
@@ -198,6 +208,14 @@ class RequestHandler {
   // A request that took references or pages for a session that ended
   // meanwhile (its release may have run already): drop them again.
   void UndoForEndedSession(const CacheTarget& target) const;
+  // Lookup's miss with a tier: fetches the keys after found.hits (up to
+  // fetch_pages), waits up to the deadline, and looks up what follows the
+  // hits again (acquiring as the request says), adding to `found`. Counts
+  // the misses that remain.
+  absl::Status LookupInTier(const CacheTarget& target,
+                            const v1::LookupRequest& request,
+                            absl::Span<const absl::string_view> keys,
+                            absl::Time deadline, LookupResult& found);
   absl::Status CheckServing() const;
   // Waits until `import` (already out of its session) is used by no
   // operation, then closes it. DeadlineExceeded if copies run on too long.
@@ -238,6 +256,7 @@ class RequestHandler {
   TransferEngine* const transfers_;
   DaemonMetrics* const metrics_;
   GpuBackend* const gpu_;
+  CacheTier* tier_ = nullptr;
   std::atomic<bool> shutting_down_{false};
 };
 

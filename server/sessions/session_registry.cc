@@ -89,7 +89,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     while (sessions_.contains(id)) id = NewSessionId();
     do {  // wraps after 2^32 sessions, skipping the reserved tags
       ++next_tag_;
-    } while (next_tag_ == kNoOwner || next_tag_ == kCacheOwner);
+    } while (next_tag_ == kNoOwner || next_tag_ == kCacheOwner ||
+             next_tag_ == kTierOwner);
     tag = next_tag_;
   }
   auto uncount = [&] {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/tier/redis_cluster_router.h"
 
@@ -80,6 +81,29 @@ absl::StatusOr<std::unique_ptr<RedisTier>> RedisTier::Start(
   const absl::Status probe = router->Probe();
   if (absl::IsUnauthenticated(probe)) return probe;
   return std::unique_ptr<RedisTier>(new RedisTier(std::move(router)));
+}
+
+absl::StatusOr<bool> RedisTier::IsClusterNode(const RedisTierOptions& options) {
+  absl::StatusOr<RedisAddress> address = RedisAddress::Parse(options.address);
+  if (!address.ok()) return address.status();
+  absl::StatusOr<std::unique_ptr<RedisConnection>> connection =
+      RedisConnection::Open(*address, options.password,
+                            options.connect_timeout, options.call_timeout);
+  if (!connection.ok()) return connection.status();
+  const RedisCommand info = {"INFO", "cluster"};
+  std::vector<absl::StatusOr<RedisReplyPtr>> replies =
+      (*connection)->Pipeline({&info, 1});
+  if (replies.size() != 1) return absl::InternalError("INFO: no reply");
+  if (!replies[0].ok()) return replies[0].status();
+  const redisReply& reply = **replies[0];
+  if (reply.type == REDIS_REPLY_ERROR) {
+    return RedisErrorReplyStatus(absl::string_view(reply.str, reply.len));
+  }
+  if (reply.type != REDIS_REPLY_STRING) {
+    return UnexpectedReplyStatus(reply, "INFO cluster");
+  }
+  return absl::StrContains(absl::string_view(reply.str, reply.len),
+                           "cluster_enabled:1");
 }
 
 std::string RedisTier::Describe() const { return router_->Describe(); }

@@ -72,6 +72,11 @@ class RedisTier : public PageTier {
   static absl::StatusOr<std::unique_ptr<RedisTier>> OpenCluster(
       RedisTierOptions options);
 
+  // Whether the one server at options.address runs in cluster mode (INFO
+  // cluster says cluster_enabled:1); Unavailable / DeadlineExceeded if it
+  // cannot be asked now, Unauthenticated for a refused password.
+  static absl::StatusOr<bool> IsClusterNode(const RedisTierOptions& options);
+
   std::string Describe() const override;
   std::vector<absl::Status> Put(
       absl::Span<const TierKey> keys,

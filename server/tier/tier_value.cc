@@ -57,15 +57,25 @@ uint64_t GeometryFingerprint(const PoolGeometry& g, uint32_t dtype,
 }
 
 std::string FrameValue(uint64_t fingerprint, absl::string_view page) {
-  std::string out;
-  out.reserve(kTierValueHeaderBytes + page.size());
-  out.append(kTierValueMagic, sizeof(kTierValueMagic));
-  AppendLe(&out, kTierValueVersion, 4);
-  AppendLe(&out, fingerprint, 8);
-  AppendLe(&out, page.size(), 8);
-  AppendLe(&out, Crc32c(page.data(), page.size()), 4);
-  AppendLe(&out, 0, 4);
-  out.append(page.data(), page.size());
+  return FrameValueFilled(fingerprint, page.size(), [&](char* out) {
+    std::memcpy(out, page.data(), page.size());
+  });
+}
+
+std::string FrameValueFilled(uint64_t fingerprint, uint64_t page_bytes,
+                             absl::FunctionRef<void(char* page)> fill) {
+  std::string header;
+  header.reserve(kTierValueHeaderBytes);
+  std::string out(kTierValueHeaderBytes + page_bytes, '\0');
+  char* page = out.data() + kTierValueHeaderBytes;
+  fill(page);
+  header.append(kTierValueMagic, sizeof(kTierValueMagic));
+  AppendLe(&header, kTierValueVersion, 4);
+  AppendLe(&header, fingerprint, 8);
+  AppendLe(&header, page_bytes, 8);
+  AppendLe(&header, Crc32c(page, page_bytes), 4);
+  AppendLe(&header, 0, 4);
+  std::memcpy(out.data(), header.data(), kTierValueHeaderBytes);
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/pool_geometry.h"
@@ -43,6 +44,10 @@ uint64_t GeometryFingerprint(const PoolGeometry& geometry, uint32_t dtype,
 
 // The header, then `page`.
 std::string FrameValue(uint64_t fingerprint, absl::string_view page);
+// The same for a page that `fill` writes in place (page_bytes bytes), e.g.
+// straight from a pool's layout (CopyPageToFlat): one copy of the bytes.
+std::string FrameValueFilled(uint64_t fingerprint, uint64_t page_bytes,
+                             absl::FunctionRef<void(char* page)> fill);
 
 // The page inside `value` (a view into it), if its header says magic,
 // version, `expected_fingerprint` and `expected_page_bytes`, the value holds

@@ -1,0 +1,407 @@
+// The storage tier's policy over the request layer and a real FileTier: two
+// pools of one geometry stand for two nodes' pools (the tier key depends on
+// the geometry, not the pool), so that pages one publishes and the
+// write-behind stores are found by the other's lookups, brought into its
+// free pages byte-exact, and counted.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/service/request_handler.h"
+#include "server/tier/cache_tier.h"
+#include "server/tier/file_tier.h"
+#include "tests/server/handler_fixture.h"
+#include "tests/testing/status_matchers.h"
+
+namespace hostkv {
+namespace {
+
+// A store that answers nothing (a tier that is down).
+class DownTier : public PageTier {
+ public:
+  std::string Describe() const override { return "down://"; }
+  std::vector<absl::Status> Put(absl::Span<const TierKey> keys,
+                                absl::Span<const absl::string_view>) override {
+    ++calls;
+    return std::vector<absl::Status>(keys.size(), absl::UnavailableError("down"));
+  }
+  std::vector<absl::StatusOr<std::string>> Get(
+      absl::Span<const TierKey> keys) override {
+    ++calls;
+    return std::vector<absl::StatusOr<std::string>>(
+        keys.size(), absl::UnavailableError("down"));
+  }
+  absl::StatusOr<uint64_t> CountPrefix(absl::Span<const TierKey>) override {
+    return absl::UnavailableError("down");
+  }
+  absl::Status Delete(absl::Span<const TierKey>) override {
+    return absl::UnavailableError("down");
+  }
+  std::atomic<int> calls{0};
+};
+
+class CacheTierTest : public HandlerFixture {
+ protected:
+  CacheTierTest() {
+    char pattern[] = "/tmp/hostkv-cache-tier-XXXXXX";
+    dir_ = mkdtemp(pattern);
+  }
+  ~CacheTierTest() override {
+    handler_.set_tier(nullptr);
+    tier_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void UseFileTier(TierConfig config = {}) {
+    config.url = "file:" + dir_;
+    config.fsync = false;
+    config.probe_interval = absl::Milliseconds(50);
+    auto store = FileTier::Open(dir_, FileTierOptions{.fsync = false});
+    ASSERT_OK(store);
+    tier_ = std::make_unique<CacheTier>(config, *std::move(store));
+    handler_.set_tier(tier_.get());
+  }
+
+  void CreatePools() {
+    CreatePool("p");
+    CreatePool("q");
+  }
+
+  // Publishes keys k<first>.. on pages of pool `pool` written with bytes
+  // derived from each key; returns the pages.
+  std::vector<uint64_t> PublishFilled(const SessionId& s, const std::string& pool,
+                                      int first, int count) {
+    v1::AllocRequest alloc;
+    alloc.set_session_id(s);
+    alloc.set_pool(pool);
+    alloc.set_num_tokens(count * kPageSize);
+    auto pages = handler_.Alloc(alloc);
+    EXPECT_OK(pages);
+    std::vector<uint64_t> flat;
+    for (const auto& run : pages->pages()) {
+      for (uint64_t p = run.first_page(); p < run.first_page() + run.num_pages(); ++p) {
+        flat.push_back(p);
+      }
+    }
+    v1::PublishRequest publish;
+    publish.set_session_id(s);
+    publish.set_pool(pool);
+    publish.set_namespace_("model-a");
+    for (int i = 0; i < count; ++i) {
+      v1::WritePagesRequest write;
+      write.set_session_id(s);
+      write.set_pool(pool);
+      auto* run = write.add_pages();
+      run->set_first_page(flat[i]);
+      run->set_num_pages(1);
+      write.set_data(PageBytes(first + i));
+      EXPECT_OK(handler_.WritePages(write));
+      auto* item = publish.add_items();
+      item->set_key(absl::StrCat("k", first + i));
+      item->set_page(flat[i]);
+      if (i > 0) item->set_parent_key(absl::StrCat("k", first + i - 1));
+    }
+    EXPECT_OK(handler_.Publish(publish));
+    return flat;
+  }
+
+  std::string PageBytes(int key) {
+    std::string bytes(Pool("p").geometry().page_bytes(), '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<char>(key * 131 + i * 7 + 3);
+    }
+    return bytes;
+  }
+
+  HostPool& Pool(const std::string& name) { return **pools_.Get(name); }
+
+  absl::StatusOr<v1::LookupResponse> LookupIn(const SessionId& s,
+                                              const std::string& pool, int first,
+                                              int count, bool acquire = true,
+                                              absl::Time deadline = absl::InfiniteFuture()) {
+    v1::LookupRequest request;
+    request.set_session_id(s);
+    request.set_pool(pool);
+    request.set_namespace_("model-a");
+    request.set_acquire(acquire);
+    for (int i = 0; i < count; ++i) request.add_keys(absl::StrCat("k", first + i));
+    return handler_.Lookup(request, deadline);
+  }
+
+  std::string ReadPage(const SessionId& s, const std::string& pool, uint64_t page) {
+    v1::ReadPagesRequest request;
+    request.set_session_id(s);
+    request.set_pool(pool);
+    auto* run = request.add_pages();
+    run->set_first_page(page);
+    run->set_num_pages(1);
+    auto r = handler_.ReadPages(request);
+    EXPECT_OK(r);
+    return r.ok() ? r->data() : "";
+  }
+
+  std::vector<uint64_t> Pages(const v1::LookupResponse& r) {
+    std::vector<uint64_t> out;
+    for (const auto& run : r.pages()) {
+      for (uint64_t p = run.first_page(); p < run.first_page() + run.num_pages(); ++p) {
+        out.push_back(p);
+      }
+    }
+    return out;
+  }
+
+  std::string dir_;
+  std::unique_ptr<CacheTier> tier_;
+};
+
+TEST_F(CacheTierTest, PublishedPagesReachTheOtherPoolByteExact) {
+  UseFileTier();
+  CreatePools();
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 4);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.written, 4u);
+  EXPECT_EQ(c.written_bytes, 4 * (Pool("p").geometry().page_bytes() + 32));
+  EXPECT_EQ(c.write_queue_pages, 0u);
+
+  const SessionId reader = OpenSession();
+  auto found = LookupIn(reader, "q", 0, 6);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 4u);  // k4, k5 were never published
+  const std::vector<uint64_t> pages = Pages(*found);
+  ASSERT_EQ(pages.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(ReadPage(reader, "q", pages[i]), PageBytes(i)) << "key k" << i;
+  }
+  c = tier_->Counters();
+  EXPECT_EQ(c.read_hits, 4u);
+  EXPECT_EQ(c.read_misses, 2u);
+  EXPECT_EQ(c.read_corrupt, 0u);
+  // The cache counts the hits the tier brought, and only the final misses.
+  const CacheCounters q = Pool("q").cache().CountersOf("model-a");
+  EXPECT_EQ(q.hits, 4u);
+  EXPECT_EQ(q.misses, 2u);
+  EXPECT_EQ(q.cached, 4u);
+  EXPECT_EQ(q.referenced, 4u);  // acquired by the lookup
+  ASSERT_OK(Pool("q").cache().CheckConsistency());
+  // A second lookup is served from host memory.
+  auto again = LookupIn(reader, "q", 0, 4, false);
+  ASSERT_OK(again);
+  EXPECT_EQ(again->hits(), 4u);
+  EXPECT_EQ(tier_->Counters().read_hits, 4u);
+}
+
+TEST_F(CacheTierTest, ACorruptedOrForeignValueIsAMissNeverServed) {
+  UseFileTier();
+  CreatePools();
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 3);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  // Flip one page byte of k1's value.
+  auto* files = dynamic_cast<FileTier*>(&tier_->store());
+  ASSERT_NE(files, nullptr);
+  const std::string path = files->PathOf(
+      ToTierKey(PoolFingerprint(Pool("p")), "model-a", "k1"));
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    f.seekg(40);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x01;
+    f.seekp(40);
+    f.write(&byte, 1);
+  }
+  const SessionId reader = OpenSession();
+  auto found = LookupIn(reader, "q", 0, 3);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 1u);  // k0 only: k1 is refused, k2 is past the gap
+  EXPECT_EQ(ReadPage(reader, "q", Pages(*found)[0]), PageBytes(0));
+  const TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.read_hits, 1u);
+  EXPECT_EQ(c.read_corrupt, 1u);
+  EXPECT_EQ(c.read_misses, 1u);
+  EXPECT_EQ(Pool("q").cache().cached_pages(), 1u);
+}
+
+TEST_F(CacheTierTest, ATruncatedFileIsAMiss) {
+  UseFileTier();
+  CreatePools();
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  auto* files = dynamic_cast<FileTier*>(&tier_->store());
+  const std::string path = files->PathOf(
+      ToTierKey(PoolFingerprint(Pool("p")), "model-a", "k0"));
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);
+  const SessionId reader = OpenSession();
+  auto found = LookupIn(reader, "q", 0, 2);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 0u);
+  EXPECT_EQ(tier_->Counters().read_corrupt, 1u);
+  EXPECT_EQ(Pool("q").cache().cached_pages(), 0u);
+  EXPECT_EQ(Pool("q").allocator().free_pages(), Pool("q").allocator().num_pages());
+}
+
+TEST_F(CacheTierTest, APoolOfAnotherGeometryDoesNotSeeThePages) {
+  UseFileTier();
+  CreatePool("p");
+  v1::CreatePoolRequest create;
+  *create.mutable_spec() = Spec("r");
+  create.mutable_spec()->mutable_geometry()->set_dtype(v1::DTYPE_FP16);
+  create.set_session_id(OpenSession());
+  ASSERT_OK(handler_.CreatePool(create));
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  auto found = LookupIn(writer, "r", 0, 2);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 0u);
+  EXPECT_EQ(tier_->Counters().read_misses, 2u);  // other keys: not found
+}
+
+TEST_F(CacheTierTest, FetchesOnlyIntoFreePagesNeverEvicting) {
+  UseFileTier();
+  CreatePools();
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 6);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  // Pool q: all but 2 pages held by a session.
+  const SessionId hog = OpenSession();
+  const uint64_t total = Pool("q").allocator().num_pages();
+  v1::AllocRequest alloc;
+  alloc.set_session_id(hog);
+  alloc.set_pool("q");
+  alloc.set_num_tokens((total - 2) * kPageSize);
+  ASSERT_OK(handler_.Alloc(alloc));
+  auto found = LookupIn(writer, "q", 0, 6, false);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 2u);
+  const TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.read_hits, 2u);
+  EXPECT_EQ(c.fetch_no_space, 4u);
+}
+
+TEST_F(CacheTierTest, WriteAfterHitsWritesOnTheNthHitOnly) {
+  TierConfig config;
+  config.write_after_hits = 2;
+  UseFileTier(config);
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().written, 0u);
+  ASSERT_OK(LookupIn(s, "p", 0, 1, false));  // k0: 1 hit
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().written, 0u);
+  ASSERT_OK(LookupIn(s, "p", 0, 2, false));  // k0: 2 hits, k1: 1
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().written, 1u);
+  ASSERT_OK(LookupIn(s, "p", 0, 2, false));  // k0: written already; k1: 2
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().written, 2u);
+}
+
+TEST_F(CacheTierTest, AFullWriteQueueDropsAndCounts) {
+  TierConfig config;
+  config.write_queue_bytes = 0;  // nothing fits
+  UseFileTier(config);
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 3);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  const TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.written, 0u);
+  EXPECT_EQ(c.writes_dropped, 3u);
+}
+
+TEST_F(CacheTierTest, ReadOnlyNeverWrites) {
+  TierConfig config;
+  config.read_only = true;
+  UseFileTier(config);
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 3);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().written, 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+TEST_F(CacheTierTest, ADownTierIsNotAskedAndHostOperationsGoOn) {
+  auto store = std::make_unique<DownTier>();
+  DownTier* down = store.get();
+  TierConfig config;
+  config.url = "down://";
+  config.probe_interval = absl::Milliseconds(20);
+  tier_ = std::make_unique<CacheTier>(config, std::move(store));
+  handler_.set_tier(tier_.get());
+  EXPECT_FALSE(tier_->health().up());
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 2);
+  auto found = LookupIn(s, "p", 0, 4);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 2u);
+  ASSERT_OK(LookupIn(s, "q", 0, 4));
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(down->calls.load(), 0);  // neither written to nor read from
+  const TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.writes_dropped, 2u);
+  EXPECT_EQ(Pool("q").cache().CountersOf("model-a").misses, 0u);
+  EXPECT_EQ(Pool("q").cache().Stats().total.misses, 4u);
+  EXPECT_EQ(Pool("p").cache().CountersOf("model-a").misses, 2u);
+}
+
+TEST_F(CacheTierTest, ALookupWaitsNoLongerThanItsDeadline) {
+  TierConfig config;
+  config.fetch_wait = absl::ZeroDuration();  // never wait
+  UseFileTier(config);
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 3);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  auto found = LookupIn(s, "q", 0, 3, false);
+  ASSERT_OK(found);
+  // Whatever arrived in time is a hit; the rest arrives for the next lookup.
+  for (int i = 0; i < 200 && Pool("q").cache().cached_pages() < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Pool("q").cache().cached_pages(), 3u);
+  auto later = LookupIn(s, "q", 0, 3, false);
+  ASSERT_OK(later);
+  EXPECT_EQ(later->hits(), 3u);
+  const TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.read_hits, 3u);
+  EXPECT_EQ(c.fetches_late + (found->hits() == 3 ? 1 : 0), 1u);
+}
+
+TEST_F(CacheTierTest, GetPoolStatsReportsTheTier) {
+  UseFileTier();
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  ASSERT_OK(LookupIn(s, "q", 0, 3));
+  auto stats = handler_.GetPoolStats(v1::GetPoolStatsRequest());
+  ASSERT_OK(stats);
+  ASSERT_TRUE(stats->has_tier());
+  EXPECT_EQ(stats->tier().url(), "file:" + dir_);
+  EXPECT_TRUE(stats->tier().serving());
+  EXPECT_EQ(stats->tier().written(), 2u);
+  EXPECT_EQ(stats->tier().read_hits(), 2u);
+  EXPECT_EQ(stats->tier().read_misses(), 1u);
+  EXPECT_EQ(stats->tier().get_calls(), 1u);
+  EXPECT_GE(stats->tier().put_calls(), 1u);
+}
+
+}  // namespace
+}  // namespace hostkv
