@@ -19,13 +19,16 @@
 
 # ---------------------------------------------------------------------------
 # Build stage: the project's Debian 12 packages (deploy/install_deps.sh, less
-# the test-only ones).
+# the test-only ones: gtest/gmock, benchmark, python3-*, clang, and
+# redis-server/redis-tools, the servers the tier tests start). libhiredis-dev:
+# hostkvd's Redis/Valkey tier client.
 FROM debian:12 AS build
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       cmake g++ make libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
       protobuf-compiler libspdlog-dev libabsl-dev grpc-proto prometheus-cpp-dev \
+      libhiredis-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what hostkvd and hostkv are built from (tests are off): editing tests
@@ -43,9 +46,11 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
 
 # ---------------------------------------------------------------------------
 # Runtime stage: the shared libraries of `ldd hostkvd` / `ldd hostkv` (gRPC
-# 1.51, protobuf, abseil, spdlog/fmt, prometheus-cpp; c-ares, re2, OpenSSL,
+# 1.51, protobuf, abseil, spdlog/fmt, prometheus-cpp, hiredis 0.14 for the
+# Redis/Valkey storage tier (--tier=redis://...); c-ares, re2, OpenSSL,
 # civetweb and zlib come as their dependencies, libstdc++ with the base
-# image). No compiler, no headers. tests/deploy checks this list against ldd.
+# image). No compiler, no headers. tests/deploy checks that every library ldd
+# finds comes from this list's package closure.
 FROM debian:12-slim AS runtime
 ARG DEBIAN_FRONTEND=noninteractive
 LABEL org.opencontainers.image.title="hostkvd" \
@@ -57,7 +62,7 @@ LABEL org.opencontainers.image.title="hostkvd" \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libspdlog1.10 \
-      libfmt9 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
+      libfmt9 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libhiredis0.14 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 hostkv \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

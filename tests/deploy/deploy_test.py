@@ -32,7 +32,14 @@ manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
   - the daemon and the engines run as the image's uid (CPU backend: the
     daemon opens the engines' 0600 shared-memory device buffers);
   - every hostkvd image reference is the same, tagged with the project
-    version.
+    version;
+  - a storage tier (--tier) points at what the file provides: a
+    redis://NAME.NAMESPACE.svc:PORT at a Service of the file with that port,
+    file:PATH / redis+unix:PATH in a mounted volume (writable unless
+    --tier_read_only), --tier_password_file in a Secret mounted read-only
+    that has the key; the daemon started for the test gets a Redis address
+    nobody listens on (it must serve with the tier down), a temporary
+    directory, a temporary password file.
 dockerfile: the Dockerfile's runtime stage runs as a non-root numeric user
   (the one the manifests name), has HEALTHCHECK `hostkv ... health` on the
   socket of its CMD's --listen, STOPSIGNAL SIGTERM, VOLUME = the socket
@@ -74,11 +81,11 @@ TOOLCHAIN = re.compile(r"^(gcc|g\+\+|cpp|clang|llvm|cmake|make|ninja-build|build
                        r"binutils|protobuf-compiler.*|nvidia-cuda-toolkit|cuda-.*|.*-dev)(-\d.*)?$")
 # Files the build reads (the build context must not lose them).
 BUILD_INPUT = re.compile(r"(\.(h|hh|hpp|inc|c|cc|cpp|cu|cuh|proto|cmake|sh|in)|^CMakeLists\.txt)$")
-# install_deps.sh packages that only the tests need (hiredis too, while the
-# Redis tier is not linked into hostkvd: its tests use it; redis-server and
-# redis-tools are the servers those tests start).
+# install_deps.sh packages that only the tests need (redis-server and
+# redis-tools are the servers the tier tests start; libhiredis-dev is not
+# among them: hostkvd's Redis tier is built with it).
 TEST_ONLY = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|python3-.*|clang|libclang-rt-.*"
-                       r"|libhiredis-dev|redis-server|redis-tools)$")
+                       r"|redis-server|redis-tools)$")
 
 
 class Failures:
@@ -185,7 +192,7 @@ class Hostkvd:
             F.check(values["socket_group"] in IMAGE_GROUPS, where,
                     f"--socket_group={values['socket_group']}: the image has no such group "
                     f"(it has {sorted(IMAGE_GROUPS)})")
-        for size_flag in ("memory_budget", "memory_reserve", "max_page_io"):
+        for size_flag in ("memory_budget", "memory_reserve", "max_page_io", "tier_write_queue"):
             if size_flag in values:
                 F.check(parse_hostkvd_bytes(values[size_flag]) is not None, where,
                         f"--{size_flag}={values[size_flag]} is not a size hostkvd parses "
@@ -302,6 +309,27 @@ def run_daemon(args, protos, config, where, probes, cli, workdir):
     argv = [str(a) for a in args
             if not re.match(r"^--?(listen|socket_group|config|memory_reserve)(=|$)", str(a))]
     argv += [f"--listen=unix:{sock}", "--memory_reserve=0"]
+    # A storage tier (--tier): the container's store is not here. A Redis
+    # address becomes a loopback port nobody listens on and a Unix socket a
+    # path that does not exist (the tier is down: the daemon must start and
+    # serve anyway), a file tier a temporary directory, the password file a
+    # temporary file.
+    for i, a in enumerate(argv):
+        m = re.match(r"^--?(tier|tier_password_file)=(.*)$", a)
+        if not m or not m.group(2):
+            continue
+        if m.group(1) == "tier_password_file":
+            path = os.path.join(tmp, "tier-password")
+            with open(path, "w") as f:
+                f.write("deploy-test\n")
+            argv[i] = f"--tier_password_file={path}"
+        elif m.group(2).startswith("redis://"):
+            argv[i] = f"--tier=redis://127.0.0.1:{free_port()}"
+        elif m.group(2).startswith("redis+unix:"):
+            argv[i] = f"--tier=redis+unix:{os.path.join(tmp, 'no-redis.sock')}"
+        elif m.group(2).startswith("file:"):
+            os.makedirs(os.path.join(tmp, "tier"))
+            argv[i] = f"--tier=file:{os.path.join(tmp, 'tier')}"
     # TCP endpoints (--metrics_listen=0.0.0.0:9464): a free loopback port.
     http = {}
     for i, a in enumerate(argv):
@@ -523,6 +551,71 @@ def config_text(spec, container, configmaps, namespace, where):
     return None
 
 
+def check_k8s_tier(values, spec, container, docs, namespace, where):
+    """--tier points at what the file provides: a Service NAME.NAMESPACE.svc
+    of the file that has the port; a file tier or Redis Unix socket in a
+    mounted volume; the password file in a mounted Secret that has that key."""
+    def find(kind, name, ns):
+        return next((d for d in docs if d.get("kind") == kind
+                     and (d.get("metadata") or {}).get("name") == name
+                     and (d.get("metadata") or {}).get("namespace", "default") == ns), None)
+
+    def mount_of(path):
+        """The volumeMount holding path (the longest mountPath), or None."""
+        best = None
+        for m in container.get("volumeMounts") or []:
+            mp = str(m.get("mountPath", "")).rstrip("/")
+            if (path == mp or path.startswith(mp + "/")) and \
+                    (best is None or len(mp) > len(str(best.get("mountPath")))):
+                best = m
+        return best
+
+    tier = values.get("tier", "")
+    if tier.startswith("redis://"):
+        for addr in tier[len("redis://"):].split(","):
+            host, _, port = addr.rpartition(":")
+            if not F.check(host and port.isdigit(), where,
+                           f"--tier: '{addr}' is not HOST:PORT"):
+                continue
+            m = re.fullmatch(r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc(\.cluster\.local)?", host)
+            if not m:
+                continue  # a pod's name (StatefulSet), an IP, an outside host
+            svc = find("Service", m.group(1), m.group(2))
+            if F.check(svc is not None, where,
+                       f"--tier: Service {m.group(2)}/{m.group(1)} is not in the same file"):
+                ports = {p.get("port") for p in (svc.get("spec") or {}).get("ports") or []}
+                F.check(int(port) in ports, where,
+                        f"--tier: Service {m.group(1)} has no port {port} (it has {sorted(ports)})")
+    elif tier.startswith(("file:", "redis+unix:")):
+        path = tier.partition(":")[2]
+        m = mount_of(path)
+        F.check(m is not None, where, f"--tier={tier}: {path} is in no mounted volume (the "
+                                      f"container's own filesystem is neither shared nor kept)")
+        if m is not None and tier.startswith("file:") \
+                and values.get("tier_read_only", "false") != "true":
+            F.check(not m.get("readOnly"), where, f"--tier={tier}: the volume is mounted "
+                                                  f"read-only (--tier_read_only is not set)")
+    password = values.get("tier_password_file")
+    if password:
+        m = mount_of(password)
+        v = volume(spec, m.get("name")) if m else None
+        if F.check(v is not None and "secret" in v, where,
+                   f"--tier_password_file={password} is not in a mounted Secret"):
+            F.check(m.get("readOnly") is True, where, "the tier password Secret is not mounted "
+                                                      "readOnly")
+            rel = m["subPath"] if m.get("subPath") else os.path.relpath(password, m["mountPath"])
+            items = v["secret"].get("items")
+            key = next((i["key"] for i in items if i.get("path") == rel), None) if items else rel
+            secret = find("Secret", v["secret"].get("secretName"), namespace)
+            if secret is not None:
+                keys = set((secret.get("data") or {})) | set((secret.get("stringData") or {}))
+                F.check(key in keys, where, f"--tier_password_file={password}: Secret "
+                                            f"{v['secret'].get('secretName')} has no key {key}")
+            else:
+                F.check(key is not None, where, f"--tier_password_file={password}: the Secret "
+                                                f"volume's items do not map {rel}")
+
+
 def check_k8s_file(path, docs, protos, cli, workdir):
     rel = os.path.relpath(path, SOURCE)
     configmaps = {}
@@ -565,6 +658,7 @@ def check_k8s_file(path, docs, protos, cli, workdir):
             if name.startswith("HOSTKVD_") and name != "HOSTKVD_CONFIG":
                 F.check(name[len("HOSTKVD_"):].lower() in HOSTKVD.flags, where,
                         f"env {name} names no hostkvd flag")
+        check_k8s_tier(values, spec, c, docs, namespace, where)
         socket_path = listen_socket(HOSTKVD, values, where)
         if socket_path is None:
             continue
