@@ -62,6 +62,29 @@ void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
   }
 }
 
+// The storage tier's line: where, whether it answers, writes and reads.
+void AppendTierStats(const v1::TierStats& t, std::string* out) {
+  absl::StrAppendFormat(
+      out, "tier: %s %s%s\n", t.url(), t.serving() ? "serving" : "NOT SERVING",
+      t.serving() || t.last_error().empty()
+          ? ""
+          : absl::StrCat(" (", t.last_error(), ")"));
+  absl::StrAppendFormat(
+      out,
+      "    writes: %d pages written (%s), %d failed, %d dropped, %d evicted "
+      "first; %d queued (%s); %d calls, mean %.2f ms\n",
+      t.written(), Bytes(t.written_bytes()), t.write_failures(),
+      t.writes_dropped(), t.writes_skipped(), t.write_queue_pages(),
+      Bytes(t.write_queue_bytes()), t.put_calls(), t.put_mean_seconds() * 1e3);
+  absl::StrAppendFormat(
+      out,
+      "    reads: %d hits (%s), %d misses, %d corrupt, %d failed, %d no "
+      "space, %d late; %d calls, mean %.2f ms\n",
+      t.read_hits(), Bytes(t.read_bytes()), t.read_misses(), t.read_corrupt(),
+      t.read_failures(), t.fetch_no_space(), t.fetches_late(), t.get_calls(),
+      t.get_mean_seconds() * 1e3);
+}
+
 }  // namespace
 
 std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
@@ -115,6 +138,7 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
           s.pages(), s.imports(), s.operations_in_flight());
     }
   }
+  if (stats.has_tier()) AppendTierStats(stats.tier(), &out);
   absl::StrAppendFormat(
       &out, "sessions open: %d   memory reserved: %s%s\n",
       stats.open_sessions(), Bytes(stats.memory_reserved_bytes()),

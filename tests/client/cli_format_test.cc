@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -113,6 +114,45 @@ TEST(CliFormatTest, CountersWithoutNamespacesPrintNoTable) {
       "    cache: 0 cached, 0 referenced, 0 evictable pages; 0 hits, 5 "
       "misses, 0 evictions, 0 already cached, 0 conflicts",
       lines[2]);
+}
+
+TEST(CliFormatTest, TheTierLineComesBeforeTheTotals) {
+  v1::GetPoolStatsResponse stats = Stats(std::string(kPool));
+  v1::TierStats* t = stats.mutable_tier();
+  t->set_url("redis://10.0.0.5:6379");
+  t->set_serving(false);
+  t->set_last_error("connect: Connection refused");
+  t->set_written(12);
+  t->set_written_bytes(3 << 20);
+  t->set_write_failures(1);
+  t->set_writes_dropped(2);
+  t->set_writes_skipped(3);
+  t->set_write_queue_pages(4);
+  t->set_write_queue_bytes(1 << 20);
+  t->set_put_calls(5);
+  t->set_put_mean_seconds(0.0015);
+  t->set_read_hits(7);
+  t->set_read_bytes(7 << 10);
+  t->set_read_misses(8);
+  t->set_read_corrupt(1);
+  t->set_read_failures(2);
+  t->set_fetch_no_space(3);
+  t->set_fetches_late(4);
+  t->set_get_calls(6);
+  t->set_get_mean_seconds(0.00025);
+  const std::vector<std::string> lines = Lines(FormatPoolStats(stats));
+  ASSERT_GE(lines.size(), 4u);
+  const size_t n = lines.size();
+  EXPECT_EQ("tier: redis://10.0.0.5:6379 NOT SERVING (connect: Connection "
+            "refused)",
+            lines[n - 4]);
+  EXPECT_EQ("    writes: 12 pages written (3.00 MiB), 1 failed, 2 dropped, 3 "
+            "evicted first; 4 queued (1.00 MiB); 5 calls, mean 1.50 ms",
+            lines[n - 3]);
+  EXPECT_EQ("    reads: 7 hits (7.00 KiB), 8 misses, 1 corrupt, 2 failed, 3 "
+            "no space, 4 late; 6 calls, mean 0.25 ms",
+            lines[n - 2]);
+  EXPECT_TRUE(absl::StartsWith(lines[n - 1], "sessions open:")) << lines[n - 1];
 }
 
 TEST(CliFormatTest, HexKeys) {

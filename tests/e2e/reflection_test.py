@@ -13,11 +13,13 @@ import base64
 import json
 import os
 import shutil
+import socket
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format
@@ -90,7 +92,15 @@ def main():
     hostkvd, cli = sys.argv[1], sys.argv[2]
     workdir = tempfile.mkdtemp(prefix="hostkv-reflection-")
     sock = os.path.join(workdir, "hostkvd.sock")
-    daemon = subprocess.Popen([hostkvd, f"--listen=unix:{sock}", "--memory_reserve=256MiB"])
+    tier_dir = os.path.join(workdir, "tier")
+    os.mkdir(tier_dir)
+    with socket.socket() as probe:  # a free port for /metrics
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    # With a file tier, so that the operator's view includes the tier.
+    daemon = subprocess.Popen([hostkvd, f"--listen=unix:{sock}", "--memory_reserve=256MiB",
+                               f"--tier=file:{tier_dir}", "--tier_fsync=false",
+                               f"--metrics_listen=127.0.0.1:{metrics_port}"])
     try:
         for _ in range(500):
             if os.path.exists(sock):
@@ -160,7 +170,27 @@ def main():
         assert int(pool["cacheReservedBytes"]) > 0, pool
         call("CloseSession", {"sessionId": sid})
 
-        for service in ("", "hostkv.v1.HostKV"):
+        # The tier under the cache: the write-behind stored both pages.
+        deadline = time.monotonic() + 20
+        while True:
+            tier = call("GetPoolStats", {})["tier"]
+            if tier.get("written", "0") == "2" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        print("GetPoolStats tier:", json.dumps(tier))
+        assert tier["url"] == f"file:{tier_dir}", tier
+        assert tier["serving"] is True, tier
+        assert tier["written"] == "2", tier
+        assert int(tier["writtenBytes"]) > 2 * 2 * 2 * 16 * 8 * 2, tier  # 2 pages + headers
+        files = [f for _, _, names in os.walk(tier_dir) for f in names]
+        assert len(files) == 2, files
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                         timeout=10).read().decode()
+        assert "hostkv_tier_up 1" in metrics, metrics
+        assert 'hostkv_tier_writes_total{result="written"} 2' in metrics, metrics
+        assert "hostkv_tier_put_seconds_count" in metrics, metrics
+
+        for service in ("", "hostkv.v1.HostKV", "hostkv.tier"):
             health = reflector.unary(channel, "grpc.health.v1.Health", "Check",
                                      json.dumps({"service": service}))
             print(f"Health/Check({service!r}):", health)
