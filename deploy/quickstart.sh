@@ -5,7 +5,9 @@
 # up, cleared, loaded back and verified byte for byte; then the same through
 # SGLang's host-pool class, hostkv.sglang, from Python; then a warm restart:
 # an engine publishes its KV pages to the page cache and is killed, and its
-# successor finds and loads them, bytes checked), shows the occupancy,
+# successor finds and loads them, bytes checked; then two more daemons, two
+# "nodes", share a Redis as their storage tier: a page published on one is
+# found and read byte-exact on the other), shows the occupancy,
 # and leaves the daemon running in the foreground (Ctrl-C stops it).
 #   HOSTKV_SOCKET=/tmp/hostkv/hostkvd.sock ./deploy/quickstart.sh   # no root
 set -euo pipefail
@@ -29,6 +31,9 @@ build-release/venv/bin/pip install -q --no-deps --no-build-isolation ./client/py
 $SUDO build-release/venv/bin/python client/python/examples/sglang_cpu_demo.py "unix:$SOCKET"
 echo; echo "== A warm restart: an engine publishes its pages and is killed; its successor loads them =="
 $SUDO build-release/venv/bin/python client/python/examples/warm_restart_demo.py "unix:$SOCKET"
+echo; echo "== Two nodes, one Redis: pages published on one daemon are found on another =="
+build-release/venv/bin/python client/python/examples/two_node_demo.py \
+  --hostkvd build-release/server/hostkvd
 echo; echo "== hostkv stats =="
 $SUDO ./build-release/client/hostkv --target="unix:$SOCKET" stats
 echo
