@@ -227,11 +227,20 @@ absl::Status RequestHandler::LookupInTier(
                  deadline - kTierReplyMargin);
     if (!fetch->WaitUntil(wait_until)) tier_->NoteLateFetch();
   }
-  ASSIGN_OR_RETURN(LookupResult more,
-                   pool.cache().Lookup(request.namespace_(), keys.subspan(hits),
-                                       request.acquire(), target.session->tag()));
-  found.hits += more.hits;
-  found.pages.insert(found.pages.end(), more.pages.begin(), more.pages.end());
+  absl::StatusOr<LookupResult> more =
+      pool.cache().Lookup(request.namespace_(), keys.subspan(hits),
+                          request.acquire(), target.session->tag());
+  if (!more.ok()) {
+    // All or nothing: the first lookup's references go too.
+    if (request.acquire() && !found.pages.empty()) {
+      pool.cache()
+          .Release(target.session->tag(), ToPageRuns(found.pages))
+          .IgnoreError();
+    }
+    return more.status();
+  }
+  found.hits += more->hits;
+  found.pages.insert(found.pages.end(), more->pages.begin(), more->pages.end());
   return absl::OkStatus();
 }
 
