@@ -60,7 +60,7 @@ prometheus::MetricFamily Histogram(const char* name, const char* help,
 void FillTierStats(CacheTier& tier, v1::TierStats* stats) {
   const TierCountersSnapshot c = tier.Counters();
   stats->set_url(tier.Describe());
-  stats->set_serving(tier.health().up());
+  stats->set_serving(tier.health().serving());
   stats->set_last_error(tier.health().last_error());
   stats->set_written(c.written);
   stats->set_write_failures(c.write_failures);
@@ -87,8 +87,11 @@ std::vector<prometheus::MetricFamily> TierCollector::Collect() const {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
   prometheus::MetricFamily up = Family(
-      "hostkv_tier_up", "1 while the storage tier answers", MetricType::Gauge);
-  AddValue(up, tier_->health().up() ? 1 : 0);
+      "hostkv_tier_up",
+      "1 while the storage tier answers and takes writes (health entry "
+      "hostkv.tier)",
+      MetricType::Gauge);
+  AddValue(up, tier_->health().serving() ? 1 : 0);
   out.push_back(std::move(up));
   prometheus::MetricFamily writes =
       Family("hostkv_tier_writes_total",

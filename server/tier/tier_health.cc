@@ -32,7 +32,49 @@ TierHealth::~TierHealth() {
 void TierHealth::SetObserver(Observer observer) {
   absl::MutexLock lock(&mu_);
   observer_ = std::move(observer);
-  if (observer_) observer_(up());
+  notified_serving_ = serving();
+  if (observer_) observer_(notified_serving_);
+}
+
+bool TierHealth::writable() const {
+  if (!up()) return false;
+  if (!full_.load(std::memory_order_acquire)) return true;
+  return absl::GetCurrentTimeNanos() >=
+         retry_write_at_ns_.load(std::memory_order_acquire);
+}
+
+void TierHealth::NotifyLocked() {
+  const bool now = serving();
+  if (now == notified_serving_) return;
+  notified_serving_ = now;
+  if (observer_) observer_(now);
+}
+
+void TierHealth::ReportWrite(const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) {
+    if (status.ok() && full_.load(std::memory_order_acquire)) {
+      absl::MutexLock lock(&mu_);
+      if (full_.exchange(false)) {
+        spdlog::info("tier {}: takes writes again", tier_->Describe());
+        if (up()) last_error_.clear();
+        NotifyLocked();
+      }
+    }
+    Report(status);
+    return;
+  }
+  retry_write_at_ns_.store(
+      absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(probe_interval_),
+      std::memory_order_release);
+  absl::MutexLock lock(&mu_);
+  if (!full_.exchange(true)) {
+    last_error_ = std::string(status.message());
+    spdlog::warn("tier {}: full, NOT serving ({}); lookups still read it, "
+                 "writes are dropped and retried every {}",
+                 tier_->Describe(), status.ToString(),
+                 absl::FormatDuration(probe_interval_));
+    NotifyLocked();
+  }
 }
 
 std::string TierHealth::last_error() const {
@@ -52,15 +94,16 @@ void TierHealth::Report(const absl::Status& status) {
   if (up_.load(std::memory_order_relaxed) == now_up) return;
   up_.store(now_up, std::memory_order_release);
   if (now_up) {
-    spdlog::info("tier {}: serving", tier_->Describe());
-    last_error_.clear();
+    spdlog::info("tier {}: answers{}", tier_->Describe(),
+                 full_.load() ? " (still full)" : ": serving");
+    if (!full_.load()) last_error_.clear();
   } else {
     last_error_ = std::string(status.message());
     spdlog::warn("tier {}: NOT serving ({}); lookups miss and writes are "
                  "dropped until it answers again",
                  tier_->Describe(), status.ToString());
   }
-  if (observer_) observer_(now_up);
+  NotifyLocked();
 }
 
 void TierHealth::ProbeLoop() {

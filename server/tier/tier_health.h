@@ -36,8 +36,15 @@ class TierHealth {
   // saw it). Must not call back into this object.
   void SetObserver(Observer observer) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The store answers (lookups may ask it).
   bool up() const { return up_.load(std::memory_order_acquire); }
-  // The last error that took it down ("" while up).
+  // It answers and does not refuse writes for lack of space: what the
+  // health entry says.
+  bool serving() const { return up() && !full_.load(std::memory_order_acquire); }
+  // The writer may send pages: up, and not full, or full for longer than
+  // the probe interval (one batch tries again).
+  bool writable() const;
+  // The last error that took it down or made it full ("" while serving).
   std::string last_error() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A store call's outcome: Unavailable, DeadlineExceeded, Unauthenticated
@@ -45,14 +52,23 @@ class TierHealth {
   // (OK, NotFound, DataLoss, a full store's ResourceExhausted) says it
   // answered (up).
   void Report(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // A write's outcome: ResourceExhausted (Redis OOM, a full filesystem)
+  // makes the tier full (not serving, though lookups still read it) until a
+  // write succeeds; anything else as Report.
+  void ReportWrite(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   static bool MeansDown(const absl::Status& status);
 
  private:
   void ProbeLoop();
+  // Calls the observer if serving() changed. REQUIRES: mu_ held.
+  void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   PageTier* const tier_;
   const absl::Duration probe_interval_;
   std::atomic<bool> up_{false};
+  std::atomic<bool> full_{false};
+  std::atomic<int64_t> retry_write_at_ns_{0};  // absl::GetCurrentTimeNanos
+  bool notified_serving_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex mu_;
   Observer observer_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);

@@ -100,7 +100,7 @@ void TierWriter::Enqueue(const std::shared_ptr<HostPool>& pool,
   {
     absl::MutexLock lock(&mu_);
     for (absl::string_view key : keys) {
-      if (stopping_ || !health_->up() ||
+      if (stopping_ || !health_->writable() ||
           queued_bytes_ + page_bytes > config_.write_queue_bytes) {
         ++dropped;
         continue;
@@ -115,7 +115,9 @@ void TierWriter::Enqueue(const std::shared_ptr<HostPool>& pool,
     counters_->writes_dropped.fetch_add(dropped);
     spdlog::debug("tier {}: {} pages of pool '{}' not written ({})",
                   tier_->Describe(), dropped, pool->name(),
-                  health_->up() ? "write queue full" : "tier down");
+                  !health_->up() ? "tier down"
+                  : !health_->writable() ? "tier full"
+                                         : "write queue full");
   }
 }
 
@@ -175,7 +177,7 @@ void TierWriter::Run() {
 void TierWriter::WriteGroup(absl::Span<const Item> items) {
   HostPool& pool = *items.front().pool;
   const absl::string_view name_space = items.front().name_space;
-  if (!health_->up()) {
+  if (!health_->writable()) {
     counters_->writes_dropped.fetch_add(items.size());
     return;
   }
@@ -233,7 +235,7 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
   counters_->written.fetch_add(ok);
   counters_->written_bytes.fetch_add(bytes);
   counters_->write_failures.fetch_add(results.size() - ok);
-  health_->Report(first_error);
+  health_->ReportWrite(first_error);
   if (!first_error.ok()) {
     spdlog::warn("tier {}: {} of {} pages of pool '{}' not written: {}",
                  tier_->Describe(), results.size() - ok, results.size(),

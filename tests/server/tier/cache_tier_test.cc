@@ -48,6 +48,42 @@ class DownTier : public PageTier {
   std::atomic<int> calls{0};
 };
 
+// A file tier that can be made full (puts refused) or down (nothing
+// answers), as a Redis at maxmemory or a killed one would be.
+class SwitchableTier : public PageTier {
+ public:
+  enum Mode { kOk, kFull, kDown };
+  explicit SwitchableTier(std::unique_ptr<PageTier> inner) : inner_(std::move(inner)) {}
+  std::string Describe() const override { return inner_->Describe(); }
+  std::vector<absl::Status> Put(absl::Span<const TierKey> keys,
+                                absl::Span<const absl::string_view> values) override {
+    if (mode != kOk) {
+      return std::vector<absl::Status>(
+          keys.size(), mode == kFull ? absl::ResourceExhaustedError("OOM")
+                                     : absl::UnavailableError("down"));
+    }
+    return inner_->Put(keys, values);
+  }
+  std::vector<absl::StatusOr<std::string>> Get(absl::Span<const TierKey> keys) override {
+    if (mode == kDown) {
+      return std::vector<absl::StatusOr<std::string>>(keys.size(),
+                                                      absl::UnavailableError("down"));
+    }
+    return inner_->Get(keys);
+  }
+  absl::StatusOr<uint64_t> CountPrefix(absl::Span<const TierKey> keys) override {
+    if (mode == kDown) return absl::UnavailableError("down");
+    return inner_->CountPrefix(keys);
+  }
+  absl::Status Delete(absl::Span<const TierKey> keys) override {
+    return inner_->Delete(keys);
+  }
+  std::atomic<Mode> mode{kOk};
+
+ private:
+  std::unique_ptr<PageTier> inner_;
+};
+
 class CacheTierTest : public HandlerFixture {
  protected:
   CacheTierTest() {
@@ -68,6 +104,28 @@ class CacheTierTest : public HandlerFixture {
     ASSERT_OK(store);
     tier_ = std::make_unique<CacheTier>(config, *std::move(store));
     handler_.set_tier(tier_.get());
+  }
+
+  // Over a SwitchableTier on the test's directory; returns it.
+  SwitchableTier* UseSwitchableTier() {
+    auto files = FileTier::Open(dir_, FileTierOptions{.fsync = false});
+    EXPECT_OK(files);
+    auto store = std::make_unique<SwitchableTier>(*std::move(files));
+    SwitchableTier* raw = store.get();
+    TierConfig config;
+    config.url = "file:" + dir_;
+    config.probe_interval = absl::Milliseconds(20);
+    tier_ = std::make_unique<CacheTier>(config, std::move(store));
+    handler_.set_tier(tier_.get());
+    tier_->health().SetObserver([this](bool serving) { health_changes_.push_back(serving); });
+    return raw;
+  }
+
+  bool WaitServing(bool serving) {
+    for (int i = 0; i < 500 && tier_->health().serving() != serving; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return tier_->health().serving() == serving;
   }
 
   void CreatePools() {
@@ -160,6 +218,7 @@ class CacheTierTest : public HandlerFixture {
 
   std::string dir_;
   std::unique_ptr<CacheTier> tier_;
+  std::vector<bool> health_changes_;  // what the health entry was told
 };
 
 TEST_F(CacheTierTest, PublishedPagesReachTheOtherPoolByteExact) {
@@ -359,6 +418,57 @@ TEST_F(CacheTierTest, ADownTierIsNotAskedAndHostOperationsGoOn) {
   EXPECT_EQ(Pool("q").cache().CountersOf("model-a").misses, 0u);
   EXPECT_EQ(Pool("q").cache().Stats().total.misses, 4u);
   EXPECT_EQ(Pool("p").cache().CountersOf("model-a").misses, 2u);
+}
+
+TEST_F(CacheTierTest, AFullTierIsNotServingStillReadAndTakesWritesAgain) {
+  SwitchableTier* store = UseSwitchableTier();
+  CreatePools();
+  const SessionId s = OpenSession();
+  PublishFilled(s, "p", 0, 2);  // written while it has room
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  ASSERT_EQ(tier_->Counters().written, 2u);
+  store->mode = SwitchableTier::kFull;
+  PublishFilled(s, "p", 2, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_FALSE(tier_->health().serving());
+  EXPECT_TRUE(tier_->health().up());
+  EXPECT_GE(tier_->Counters().write_failures, 1u);
+  // Reads go on: pool q finds what was written before it filled up.
+  auto found = LookupIn(s, "q", 0, 4, false);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 2u);
+  // Room again: the next write after the retry interval succeeds.
+  store->mode = SwitchableTier::kOk;
+  absl::SleepFor(absl::Milliseconds(40));
+  PublishFilled(s, "p", 4, 1);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_TRUE(tier_->health().serving());
+  EXPECT_EQ(tier_->Counters().written, 3u);
+  EXPECT_EQ(health_changes_, (std::vector<bool>{true, false, true}));
+}
+
+TEST_F(CacheTierTest, ATierThatWentDownIsSeenByTheProberAndComesBackByItself) {
+  SwitchableTier* store = UseSwitchableTier();
+  CreatePools();
+  const SessionId s = OpenSession();
+  ASSERT_TRUE(tier_->health().serving());
+  store->mode = SwitchableTier::kDown;
+  ASSERT_TRUE(WaitServing(false));  // no traffic needed: the prober saw it
+  PublishFilled(s, "p", 0, 2);      // host operations go on
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().writes_dropped, 2u);
+  auto found = LookupIn(s, "p", 0, 2, false);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 2u);
+  store->mode = SwitchableTier::kOk;
+  ASSERT_TRUE(WaitServing(true));
+  PublishFilled(s, "p", 2, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_EQ(tier_->Counters().written, 2u);
+  auto other = LookupIn(s, "q", 2, 2, false);
+  ASSERT_OK(other);
+  EXPECT_EQ(other->hits(), 2u);
+  EXPECT_EQ(health_changes_, (std::vector<bool>{true, false, true}));
 }
 
 TEST_F(CacheTierTest, ALookupWaitsNoLongerThanItsDeadline) {
