@@ -150,19 +150,19 @@ void RawBatch(redisContext* c, const std::vector<std::string>& keys,
   const size_t n = keys.size();
   std::vector<RawReply> replies(n);
   if (n == 1) {
-    void* r = values ? redisCommand(c, "SET %b %b", keys[0].data(),
-                                    keys[0].size(), (*values)[0].data(),
-                                    (*values)[0].size())
-                     : redisCommand(c, "GET %b", keys[0].data(), keys[0].size());
+    void* r = values
+                  ? redisCommand(c, "SET %b %b", keys[0].data(), keys[0].size(),
+                                 (*values)[0].data(), (*values)[0].size())
+                  : redisCommand(c, "GET %b", keys[0].data(), keys[0].size());
     replies[0].reset(static_cast<redisReply*>(r));
   } else {
     for (size_t i = 0; i < n; ++i) {
       const int rc =
-          values ? redisAppendCommand(c, "SET %b %b", keys[i].data(),
-                                      keys[i].size(), (*values)[i].data(),
-                                      (*values)[i].size())
-                 : redisAppendCommand(c, "GET %b", keys[i].data(),
-                                      keys[i].size());
+          values
+              ? redisAppendCommand(c, "SET %b %b", keys[i].data(),
+                                   keys[i].size(), (*values)[i].data(),
+                                   (*values)[i].size())
+              : redisAppendCommand(c, "GET %b", keys[i].data(), keys[i].size());
       if (rc != REDIS_OK) Die("redisAppendCommand");
     }
     for (size_t i = 0; i < n; ++i) {
@@ -173,8 +173,9 @@ void RawBatch(redisContext* c, const std::vector<std::string>& keys,
   }
   for (const RawReply& r : replies) {
     if (!r) Die(absl::StrCat("raw redis: ", c->errstr));
-    const bool ok = values ? r->type == REDIS_REPLY_STATUS
-                           : r->type == REDIS_REPLY_STRING && r->len == get_bytes;
+    const bool ok = values
+                        ? r->type == REDIS_REPLY_STATUS
+                        : r->type == REDIS_REPLY_STRING && r->len == get_bytes;
     if (!ok) Die("raw redis: unexpected reply");
   }
 }
@@ -198,7 +199,8 @@ void RunRedisTransfer(const Options& options, Report& report, PageTier& tier,
   auto tier_side = [&](bool timed) {
     Clock::time_point t0 = Clock::now();
     std::vector<std::string> values;
-    for (const std::string& p : pages) values.push_back(FrameValue(kFingerprint, p));
+    for (const std::string& p : pages)
+      values.push_back(FrameValue(kFingerprint, p));
     const std::vector<absl::string_view> views(values.begin(), values.end());
     for (const absl::Status& s : tier.Put(keys, views)) CheckOk(s, "tier Put");
     const double put_ns = NanosBetween(t0, Clock::now());
@@ -240,21 +242,24 @@ void RunRedisTransfer(const Options& options, Report& report, PageTier& tier,
   }
   CheckOk(tier.Delete(keys), "tier Delete");
   for (const std::string& k : raw_keys) {
-    RawReply(static_cast<redisReply*>(redisCommand(raw, "DEL %b", k.data(), k.size())));
+    RawReply(static_cast<redisReply*>(
+        redisCommand(raw, "DEL %b", k.data(), k.size())));
   }
   const std::string config =
-      absl::StrCat(SizeLabel(page_bytes), " x ", batch, batch == 1 ? " page" : " pages",
-                   " per call");
+      absl::StrCat(SizeLabel(page_bytes), " x ", batch,
+                   batch == 1 ? " page" : " pages", " per call");
   const std::string note = absl::StrCat(
       "median of ", reps, " calls; GB/s of page bytes; interleaved");
-  AddRow(report, "Redis tier Put (FrameValue + Put)", config, "throughput", "GB/s",
-         Gbps(bytes, tier_put.Median()),
-         batch == 1 ? "raw hiredis SET, same bytes" : "raw hiredis SETs pipelined",
-         Gbps(bytes, raw_set.Median()), note);
-  AddRow(report, "Redis tier Get (Get + UnframeValue)", config, "throughput", "GB/s",
-         Gbps(bytes, tier_get.Median()),
-         batch == 1 ? "raw hiredis GET, same bytes" : "raw hiredis GETs pipelined",
-         Gbps(bytes, raw_get.Median()), note);
+  AddRow(
+      report, "Redis tier Put (FrameValue + Put)", config, "throughput", "GB/s",
+      Gbps(bytes, tier_put.Median()),
+      batch == 1 ? "raw hiredis SET, same bytes" : "raw hiredis SETs pipelined",
+      Gbps(bytes, raw_set.Median()), note);
+  AddRow(
+      report, "Redis tier Get (Get + UnframeValue)", config, "throughput",
+      "GB/s", Gbps(bytes, tier_get.Median()),
+      batch == 1 ? "raw hiredis GET, same bytes" : "raw hiredis GETs pipelined",
+      Gbps(bytes, raw_get.Median()), note);
 }
 
 void RunRedisCount(const Options& options, Report& report, PageTier& tier,
@@ -283,7 +288,8 @@ void RunRedisCount(const Options& options, Report& report, PageTier& tier,
     if (!r || r->type != REDIS_REPLY_INTEGER || r->integer != 1) Die("EXISTS");
     t0 = Clock::now();
     for (const std::string& k : redis_keys) {
-      if (redisAppendCommand(raw, "EXISTS %b", k.data(), k.size()) != REDIS_OK) {
+      if (redisAppendCommand(raw, "EXISTS %b", k.data(), k.size()) !=
+          REDIS_OK) {
         Die("redisAppendCommand");
       }
     }
@@ -306,8 +312,9 @@ void RunRedisCount(const Options& options, Report& report, PageTier& tier,
   const std::string one_rt = "one raw EXISTS round trip";
   AddRow(report, "Redis tier CountPrefix", config, "median time", "us",
          count.Median() / 1e3, one_rt, one.Median() / 1e3, note);
-  AddRow(report, "Redis tier CountPrefix, per key", config, "median time / 1,000",
-         "us", count.Median() / 1e3 / kCountKeys, one_rt, one.Median() / 1e3, "");
+  AddRow(report, "Redis tier CountPrefix, per key", config,
+         "median time / 1,000", "us", count.Median() / 1e3 / kCountKeys, one_rt,
+         one.Median() / 1e3, "");
   AddRow(report, "Redis tier CountPrefix", config, "median time", "us",
          count.Median() / 1e3, "1,000 raw EXISTS pipelined, one connection",
          pipelined.Median() / 1e3, "");
@@ -325,7 +332,8 @@ void RunRedis(const Options& options, Report& report, TierResources& res,
   RedisTierOptions tier_options;
   tier_options.address = res.redis->address();
   tier_options.call_timeout = absl::Seconds(10);
-  absl::StatusOr<std::unique_ptr<RedisTier>> tier = RedisTier::Open(tier_options);
+  absl::StatusOr<std::unique_ptr<RedisTier>> tier =
+      RedisTier::Open(tier_options);
   CheckOk(tier, "RedisTier::Open");
   RawConnection raw(redisConnectUnix(res.redis->socket_path().c_str()));
   if (!raw || raw->err != 0) Die("redisConnectUnix");
@@ -353,10 +361,12 @@ void RunDd(std::vector<std::string> args) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   for (int fd : {0, 1, 2}) {
-    posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, fd, "/dev/null",
+                                     fd == 0 ? O_RDONLY : O_WRONLY, 0);
   }
   pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, "dd", &actions, nullptr, argv.data(), environ);
+  const int rc =
+      posix_spawnp(&pid, "dd", &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) Die("cannot spawn dd");
   int status = 0;
@@ -370,7 +380,8 @@ void RunDd(std::vector<std::string> args) {
 // over the final name, fsync the directory.
 void DirectWrite(const std::string& dir, const std::string& value) {
   const std::string tmp = dir + "/.tmp", final_path = dir + "/value";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd =
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) Die("open " + tmp);
   for (size_t done = 0; done < value.size();) {
     const ssize_t n = write(fd, value.data() + done, value.size() - done);
@@ -405,116 +416,177 @@ double TimeNs(F&& f) {
   return NanosBetween(t0, Clock::now());
 }
 
-// dd's median time less the median of its spawn cost (measured in the same
-// loop); 0 if the copy drowned in the spawn's noise.
-double SpawnSubtracted(const Samples& dd, const Samples& spawn) {
-  return std::max(0.0, dd.Median() - spawn.Median());
+// dd's times, each beside its spawn cost measured right after it (dd
+// count=0 of=/dev/null: fork, exec, open, no copy).
+struct DdSamples {
+  Samples dd, spawn, difference;
+  void Add(double dd_ns, double spawn_ns) {
+    dd.Add(dd_ns);
+    spawn.Add(spawn_ns);
+    difference.Add(dd_ns - spawn_ns);
+  }
+  // The median of the paired differences; 0 if the copy drowned in the
+  // spawn's noise.
+  double CopyNs() const { return std::max(0.0, difference.Median()); }
+  std::string Note() const {
+    return absl::StrCat(
+        "dd spawned per page; its spawn cost (dd count=0 "
+        "of=/dev/null right after each, median ",
+        Num(spawn.Median() / 1e6),
+        " ms) subtracted from each "
+        "dd (median ",
+        Num(dd.Median() / 1e6), " ms)");
+  }
+};
+
+// One page of `page_bytes`, the tier's copy and the baselines' copies of it.
+struct FileCase {
+  std::string dir;  // the case's own temp dir
+  size_t page_bytes = 0;
+  std::string page, framed;
+  std::string src;  // a file holding `framed`, dd's input
+  std::string bs;   // dd's bs=: the whole framed value in one block
+  TierKey key;
+  int reps = 0;
+};
+
+double TimeDdSpawn(const FileCase& c) {
+  return TimeNs([&] {
+    RunDd({"if=" + c.src, "of=/dev/null", c.bs, "count=0"});
+  });
+}
+
+void FileWrites(const FileCase& c, FileTier& tier, Report& report) {
+  Samples put, direct;
+  DdSamples dd;
+  for (int rep = 0; rep <= c.reps;
+       ++rep) {  // rep 0 warms up (and creates dirs)
+    const double p = TimeNs([&] {
+      const std::string v = FrameValue(kFingerprint, c.page);
+      CheckOk(tier.Put({c.key}, {absl::string_view(v)})[0], "file tier Put");
+    });
+    const std::string dst = absl::StrCat(c.dir, "/dd-", rep);
+    const double d = TimeNs([&] {
+      RunDd({"if=" + c.src, "of=" + dst, c.bs, "count=1", "conv=fdatasync"});
+    });
+    unlink(dst.c_str());
+    const double s = TimeDdSpawn(c);
+    const double w = TimeNs([&] { DirectWrite(c.dir + "/direct", c.framed); });
+    if (rep == 0) continue;
+    put.Add(p);
+    dd.Add(d, s);
+    direct.Add(w);
+  }
+  const std::string config = SizeLabel(c.page_bytes) + ", 1 page per call";
+  const std::string name = "File tier Put (FrameValue + Put, fsync)";
+  const std::string note =
+      absl::StrCat("median of ", c.reps, "; GB/s of page bytes");
+  AddRow(report, name, config, "throughput", "GB/s",
+         Gbps(c.page_bytes, put.Median()),
+         "dd conv=fdatasync to a new file, spawn subtracted",
+         Gbps(c.page_bytes, dd.CopyNs()), note + "; " + dd.Note());
+  AddRow(report, name, config, "throughput", "GB/s",
+         Gbps(c.page_bytes, put.Median()),
+         "in-process write + fdatasync + rename + dir fsync",
+         Gbps(c.page_bytes, direct.Median()), note);
+}
+
+void FileReads(const FileCase& c, FileTier& tier, Report& report) {
+  const std::string path = tier.PathOf(c.key);
+  std::string buffer;
+  Samples get, direct;
+  DdSamples dd;
+  // Reads are cheap beside dd's spawn: more of them.
+  const int reps = 3 * c.reps;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms the page cache
+    const double g = TimeNs([&] {
+      absl::StatusOr<std::string> v = std::move(tier.Get({c.key})[0]);
+      CheckOk(v, "file tier Get");
+      CheckOk(UnframeValue(*v, kFingerprint, c.page_bytes), "UnframeValue");
+    });
+    const double d = TimeNs([&] {
+      RunDd({"if=" + path, "of=/dev/null", c.bs});
+    });
+    const double s = TimeDdSpawn(c);
+    const double r = TimeNs([&] { DirectRead(path, &buffer); });
+    if (buffer != c.framed) Die("file tier: other bytes");
+    if (rep == 0) continue;
+    get.Add(g);
+    dd.Add(d, s);
+    direct.Add(r);
+  }
+  const std::string config = SizeLabel(c.page_bytes) + ", 1 page per call";
+  const std::string name =
+      "File tier Get (Get + UnframeValue), page cache warm";
+  const std::string note =
+      absl::StrCat("median of ", reps, "; GB/s of page bytes");
+  AddRow(
+      report, name, config, "throughput", "GB/s",
+      Gbps(c.page_bytes, get.Median()),
+      "dd of=/dev/null of the tier's file, page cache warm, spawn subtracted",
+      Gbps(c.page_bytes, dd.CopyNs()), note + "; " + dd.Note());
+  AddRow(report, name, config, "throughput", "GB/s",
+         Gbps(c.page_bytes, get.Median()),
+         "in-process open + fstat + pread + close of the tier's file",
+         Gbps(c.page_bytes, direct.Median()), note);
 }
 
 void RunFilePage(const Options& options, Report& report, const std::string& dir,
                  size_t page_bytes, std::mt19937_64& rng) {
-  absl::StatusOr<std::unique_ptr<FileTier>> tier = FileTier::Open(dir + "/tier");
+  FileCase c;
+  c.dir = absl::StrCat(dir, "/", page_bytes);
+  std::filesystem::create_directories(c.dir + "/tier");
+  std::filesystem::create_directories(c.dir + "/direct");
+  absl::StatusOr<std::unique_ptr<FileTier>> tier =
+      FileTier::Open(c.dir + "/tier");
   CheckOk(tier, "FileTier::Open");
-  const std::string page = RandomBytes(page_bytes, rng);
-  const std::string framed = FrameValue(kFingerprint, page);
-  const std::string bs = absl::StrCat("bs=", framed.size());
-  const std::string src = dir + "/src", direct_dir = dir + "/direct";
-  {
-    std::FILE* f = std::fopen(src.c_str(), "wb");
-    if (!f || std::fwrite(framed.data(), 1, framed.size(), f) != framed.size() ||
-        std::fclose(f) != 0) {
-      Die("write " + src);
-    }
+  c.page_bytes = page_bytes;
+  c.page = RandomBytes(page_bytes, rng);
+  c.framed = FrameValue(kFingerprint, c.page);
+  c.src = c.dir + "/src";
+  c.bs = absl::StrCat("bs=", c.framed.size());
+  c.key = {kNamespace, absl::StrCat("file-page-", page_bytes)};
+  c.reps = options.quick ? 3 : (page_bytes > kMiB ? 15 : 30);
+  std::FILE* f = std::fopen(c.src.c_str(), "wb");
+  if (!f ||
+      std::fwrite(c.framed.data(), 1, c.framed.size(), f) != c.framed.size() ||
+      std::fclose(f) != 0) {
+    Die("write " + c.src);
   }
-  std::filesystem::create_directories(direct_dir);
-  const TierKey key{kNamespace, absl::StrCat("file-page-", page_bytes)};
-  const int reps = options.quick ? 3 : (page_bytes > kMiB ? 15 : 30);
-  Samples put, dd_write, direct_write, get, dd_read, direct_read, spawn;
-  auto spawn_only = [&] {
-    spawn.Add(TimeNs([&] { RunDd({"if=" + src, "of=/dev/null", bs, "count=0"}); }));
-  };
-  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up (and creates dirs)
-    const double p = TimeNs([&] {
-      const std::string v = FrameValue(kFingerprint, page);
-      CheckOk((*tier)->Put({key}, {absl::string_view(v)})[0], "file tier Put");
-    });
-    const std::string dst = absl::StrCat(dir, "/dd-", rep);
-    const double d = TimeNs([&] {
-      RunDd({"if=" + src, "of=" + dst, bs, "count=1", "conv=fdatasync"});
-    });
-    unlink(dst.c_str());
-    const double w = TimeNs([&] { DirectWrite(direct_dir, framed); });
-    if (rep > 0) {
-      put.Add(p);
-      dd_write.Add(d);
-      direct_write.Add(w);
-      spawn_only();
-    }
-  }
-  const std::string path = (*tier)->PathOf(key);
-  std::string buffer;
-  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms the page cache
-    const double g = TimeNs([&] {
-      absl::StatusOr<std::string> v = std::move((*tier)->Get({key})[0]);
-      CheckOk(v, "file tier Get");
-      CheckOk(UnframeValue(*v, kFingerprint, page_bytes), "UnframeValue");
-    });
-    const double d = TimeNs([&] { RunDd({"if=" + path, "of=/dev/null", bs}); });
-    const double r = TimeNs([&] { DirectRead(path, &buffer); });
-    if (buffer != framed) Die("file tier: other bytes");
-    if (rep > 0) {
-      get.Add(g);
-      dd_read.Add(d);
-      direct_read.Add(r);
-      spawn_only();
-    }
-  }
-  CheckOk((*tier)->Delete({key}), "file tier Delete");
-  const std::string config = SizeLabel(page_bytes) + ", 1 page per call";
-  const std::string dd_note = absl::StrCat(
-      "dd's spawn cost (dd count=0 of=/dev/null, median ", Num(spawn.Median() / 1e6),
-      " ms) subtracted from its median ");
-  const std::string note = absl::StrCat("median of ", reps, "; GB/s of page bytes");
-  AddRow(report, "File tier Put (FrameValue + Put, fsync)", config, "throughput",
-         "GB/s", Gbps(page_bytes, put.Median()),
-         "dd conv=fdatasync to a new file, spawn subtracted",
-         Gbps(page_bytes, SpawnSubtracted(dd_write, spawn)),
-         absl::StrCat(note, "; ", dd_note, Num(dd_write.Median() / 1e6), " ms"));
-  AddRow(report, "File tier Put (FrameValue + Put, fsync)", config, "throughput",
-         "GB/s", Gbps(page_bytes, put.Median()),
-         "in-process write + fdatasync + rename + dir fsync",
-         Gbps(page_bytes, direct_write.Median()), note);
-  AddRow(report, "File tier Get (Get + UnframeValue), page cache warm", config,
-         "throughput", "GB/s", Gbps(page_bytes, get.Median()),
-         "dd of=/dev/null of the tier's file, page cache warm, spawn subtracted",
-         Gbps(page_bytes, SpawnSubtracted(dd_read, spawn)),
-         absl::StrCat(note, "; ", dd_note, Num(dd_read.Median() / 1e6), " ms"));
-  AddRow(report, "File tier Get (Get + UnframeValue), page cache warm", config,
-         "throughput", "GB/s", Gbps(page_bytes, get.Median()),
-         "in-process open + pread + close of the tier's file",
-         Gbps(page_bytes, direct_read.Median()), note);
+  FileWrites(c, **tier, report);
+  FileReads(c, **tier, report);
+  CheckOk((*tier)->Delete({c.key}), "file tier Delete");
 }
 
 std::string FilesystemType(const std::string& dir) {
   struct statfs fs {};
   if (statfs(dir.c_str(), &fs) != 0) return "unknown";
   switch (static_cast<unsigned long>(fs.f_type)) {
-    case 0xEF53: return "ext2/3/4";
-    case 0x01021994: return "tmpfs (fsync is a no-op)";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x794c7630: return "overlayfs";
-    default: return absl::StrCat("statfs type 0x", absl::Hex(fs.f_type));
+    case 0xEF53:
+      return "ext2/3/4";
+    case 0x01021994:
+      return "tmpfs (fsync is a no-op)";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x794c7630:
+      return "overlayfs";
+    default:
+      return absl::StrCat("statfs type 0x", absl::Hex(fs.f_type));
   }
 }
 
 void RunFile(const Options& options, Report& report, TierResources& res,
              std::mt19937_64& rng) {
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/hostkv-tier-bench-XXXXXX");
+  std::string pattern =
+      absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/hostkv-tier-bench-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) Die("mkdtemp " + pattern);
   res.temp_dir = pattern;
-  report.SetMeta("file tier dir", absl::StrCat(res.temp_dir, " (", FilesystemType(res.temp_dir), ")"));
+  report.SetMeta(
+      "file tier dir",
+      absl::StrCat(res.temp_dir, " (", FilesystemType(res.temp_dir), ")"));
   for (size_t page : {kMiB, 8 * kMiB}) {
     RunFilePage(options, report, res.temp_dir, page, rng);
   }
@@ -524,7 +596,9 @@ void RunFile(const Options& options, Report& report, TierResources& res,
 
 void RunTier(const Options& options, Report& report) {
   std::fprintf(stderr, "storage tiers in-process\n");
-  static const bool registered = [] { return std::atexit(CleanUpAtExit) == 0; }();
+  static const bool registered = [] {
+    return std::atexit(CleanUpAtExit) == 0;
+  }();
   (void)registered;
   live_resources = new TierResources;
   std::mt19937_64 rng(42);
