@@ -376,12 +376,12 @@ void RunDd(std::vector<std::string> args) {
   }
 }
 
-// What FileTier::Put does, bare: a new temp file, write, fdatasync, then
-// (with `publish`) rename over the final name and fsync the directory.
-// Without `publish` the new file stays at dir/.tmp (what dd does).
-void DirectWrite(const std::string& dir, const std::string& value,
-                 bool publish) {
-  const std::string tmp = dir + "/.tmp", final_path = dir + "/value";
+// What FileTier::Put does, bare: a new file dir/name, write, fdatasync,
+// then (with `publish`) rename it to dir/value and fsync the directory.
+// Without `publish` the new file stays (what dd does).
+void DirectWrite(const std::string& dir, const std::string& name,
+                 const std::string& value, bool publish) {
+  const std::string tmp = dir + "/" + name, final_path = dir + "/value";
   const int fd =
       open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) Die("open " + tmp);
@@ -419,26 +419,24 @@ double TimeNs(F&& f) {
   return NanosBetween(t0, Clock::now());
 }
 
-// dd's times, each beside its spawn cost measured right before it (dd
-// count=0 of=/dev/null with the same bs: spawn, exec, its buffer, no copy).
+// dd's times and its spawn cost (dd count=0 of=/dev/null with the same bs:
+// spawn, exec, its buffer, no copy), measured twice: back to back before the
+// loop (`quiet`, the figure subtracted) and right before each dd in the loop
+// (`before`, only reported). On this VM a process started right after an
+// fdatasync took ~5 ms against ~1 ms (cause not found); the spawn before
+// each dd takes that wait, so dd itself starts as in the quiet block.
 struct DdSamples {
-  Samples dd, spawn, difference;
-  void Add(double dd_ns, double spawn_ns) {
-    dd.Add(dd_ns);
-    spawn.Add(spawn_ns);
-    difference.Add(dd_ns - spawn_ns);
-  }
-  // The median of the paired differences; 0 if the copy drowned in the
+  Samples dd, before, quiet;
+  // dd's median less the quiet spawn's; 0 if the copy drowned in the
   // spawn's noise.
-  double CopyNs() const { return std::max(0.0, difference.Median()); }
+  double CopyNs() const { return std::max(0.0, dd.Median() - quiet.Median()); }
   std::string Note() const {
     return absl::StrCat(
-        "dd spawned per page; its spawn cost (dd count=0 "
-        "of=/dev/null right before each, median ",
-        Num(spawn.Median() / 1e6),
-        " ms) subtracted from each "
-        "dd (median ",
-        Num(dd.Median() / 1e6), " ms)");
+        "dd spawned per page; its spawn cost (dd count=0 of=/dev/null, ",
+        quiet.size(), " back to back: median ", Num(quiet.Median() / 1e6),
+        " ms) subtracted from dd's median ", Num(dd.Median() / 1e6),
+        " ms; the same spawn right before each dd: median ",
+        Num(before.Median() / 1e6), " ms");
   }
 };
 
@@ -462,26 +460,29 @@ double TimeDdSpawn(const FileCase& c) {
 void FileWrites(const FileCase& c, FileTier& tier, Report& report) {
   Samples put, direct, plain;
   DdSamples dd;
-  // rep 0 warms up (and creates the tier's dirs).
+  for (int i = 0; i < 2 * c.reps; ++i) dd.quiet.Add(TimeDdSpawn(c));
+  // rep 0 warms up (and creates the tier's dirs). dd's and the plain
+  // write's new files stay until the case ends: unlinking them in the loop
+  // made the next spawn of dd wait (~5 ms instead of ~1 on this VM's disk).
   for (int rep = 0; rep <= c.reps; ++rep) {
     const double s = TimeDdSpawn(c);
     const std::string dst = absl::StrCat(c.dir, "/dd-", rep);
     const double d = TimeNs([&] {
       RunDd({"if=" + c.src, "of=" + dst, c.bs, "count=1", "conv=fdatasync"});
     });
-    unlink(dst.c_str());
     const double p = TimeNs([&] {
       const std::string v = FrameValue(kFingerprint, c.page);
       CheckOk(tier.Put({c.key}, {absl::string_view(v)})[0], "file tier Put");
     });
     const double w =
-        TimeNs([&] { DirectWrite(c.dir + "/direct", c.framed, true); });
-    const double f =
-        TimeNs([&] { DirectWrite(c.dir + "/direct", c.framed, false); });
-    unlink((c.dir + "/direct/.tmp").c_str());
+        TimeNs([&] { DirectWrite(c.dir + "/direct", ".tmp", c.framed, true); });
+    const double f = TimeNs([&] {
+      DirectWrite(c.dir, absl::StrCat("plain-", rep), c.framed, false);
+    });
     if (rep == 0) continue;
     put.Add(p);
-    dd.Add(d, s);
+    dd.dd.Add(d);
+    dd.before.Add(s);
     direct.Add(w);
     plain.Add(f);
   }
@@ -508,6 +509,7 @@ void FileReads(const FileCase& c, FileTier& tier, Report& report) {
   std::string buffer;
   Samples get, direct;
   DdSamples dd;
+  for (int i = 0; i < 2 * c.reps; ++i) dd.quiet.Add(TimeDdSpawn(c));
   // Reads are cheap beside dd's spawn: more of them.
   const int reps = 3 * c.reps;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms the page cache
@@ -524,7 +526,8 @@ void FileReads(const FileCase& c, FileTier& tier, Report& report) {
     if (buffer != c.framed) Die("file tier: other bytes");
     if (rep == 0) continue;
     get.Add(g);
-    dd.Add(d, s);
+    dd.dd.Add(d);
+    dd.before.Add(s);
     direct.Add(r);
   }
   const std::string config = SizeLabel(c.page_bytes) + ", 1 page per call";
