@@ -3,8 +3,9 @@
 // reported with their ratio, as JSON (bench.json) and Markdown (bench.md).
 //
 //   hostkv_bench [--out=DIR] [--sections=control,request_cost,allocator,
-//                daemon_alloc,copy,daemon_copy,pool_start,cache,cache_rpc]
-//                [--quick]
+//                daemon_alloc,copy,daemon_copy,pool_start,cache,cache_rpc,
+//                tier]  [--quick]
+//   (tier only in a build with hiredis: HOSTKV_BENCH_TIER)
 //   hostkv_bench --profile=alloc_free [--profile_tcp] [--profile_seconds=10]
 //
 // tests/bench/run.sh builds it (Release) and runs it.
@@ -25,9 +26,14 @@
 
 ABSL_FLAG(std::string, out, "tests/bench/results",
           "directory for bench.json and bench.md");
+#ifdef HOSTKV_BENCH_TIER
+#define HOSTKV_BENCH_TIER_SECTION ",tier"
+#else
+#define HOSTKV_BENCH_TIER_SECTION ""
+#endif
 ABSL_FLAG(std::string, sections,
           "control,request_cost,allocator,daemon_alloc,copy,daemon_copy,"
-          "pool_start,cache,cache_rpc",
+          "pool_start,cache,cache_rpc" HOSTKV_BENCH_TIER_SECTION,
           "comma-separated sections to run");
 ABSL_FLAG(bool, quick, false, "fewer samples and smaller sizes (smoke run)");
 ABSL_FLAG(int, copy_threads, 0,
@@ -96,8 +102,11 @@ int main(int argc, char** argv) {
   static const std::set<std::string> known = {
       "control",     "request_cost", "allocator", "daemon_alloc",
       "copy",        "daemon_copy",  "pool_start", "cache",
-      "cache_rpc"};
+      "cache_rpc",   "tier"};
   for (const std::string& s : sections) {
+#ifndef HOSTKV_BENCH_TIER
+    if (s == "tier") Die("section tier needs hiredis (libhiredis-dev) at configure time");
+#endif
     if (!known.contains(s)) Die("unknown section " + s);
   }
 
@@ -138,6 +147,9 @@ int main(int argc, char** argv) {
   if (sections.contains("pool_start")) RunPoolStart(options, report);
   if (sections.contains("cache")) RunCache(options, report);
   if (sections.contains("cache_rpc")) RunCacheRpc(options, report);
+#ifdef HOSTKV_BENCH_TIER
+  if (sections.contains("tier")) RunTier(options, report);
+#endif
   report.SetMeta("duration", absl::StrCat(Num(SecondsSince(start)), " s"));
 
   const std::string out = absl::GetFlag(FLAGS_out);

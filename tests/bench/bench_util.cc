@@ -115,6 +115,7 @@ const char* SectionTitle(const std::string& section) {
       {"daemon_copy", "3b. CPU data path through the daemon"},
       {"pool_start", "4. Pool start"},
       {"cache", "5. Page cache (in-process PageCache)"},
+      {"tier", "6. Storage tiers (in-process RedisTier, FileTier)"},
   };
   auto it = titles.find(section);
   return it == titles.end() ? section.c_str() : it->second;

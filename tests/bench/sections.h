@@ -59,6 +59,11 @@ void RunCache(const Options& options, Report& report);
 // Section 5b: the page cache through the daemon (Lookup, Publish, Release
 // beside a bare call; a warm restart's first layer beside the writer's load).
 void RunCacheRpc(const Options& options, Report& report);
+// Section 6: the storage tiers (server/tier/) in-process: the value frame,
+// the Redis tier beside raw hiredis on a redis-server of its own, the file
+// tier beside dd and bare system calls. Built only with hiredis
+// (HOSTKV_BENCH_TIER).
+void RunTier(const Options& options, Report& report);
 
 // Profiling aid: starts a daemon, prints its pid, and runs one control-path
 // workload (`what`: health, alloc, free, alloc_free, load1000, register,
