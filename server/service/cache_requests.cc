@@ -209,8 +209,10 @@ absl::Status RequestHandler::LookupInTier(
           .ClaimOrCheck(pool.name(), request.namespace_(),
                         Principal::Of(*target.session))
           .ok();
-  const size_t ask =
-      std::min<size_t>(keys.size() - hits, tier_->config().fetch_pages);
+  const uint64_t page_bytes = pool.geometry().page_bytes();
+  const size_t ask = std::min<size_t>(
+      {keys.size() - hits, tier_->config().fetch_pages,
+       std::max<size_t>(1, tier_->config().fetch_max_bytes / page_bytes)});
   std::shared_ptr<TierFetch> fetch;
   if (claimed) {
     std::vector<std::string> wanted(keys.begin() + hits,

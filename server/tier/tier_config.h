@@ -42,6 +42,9 @@ struct TierConfig {
   // keys that follow its hits and waits for them at most fetch_wait (and
   // never past the caller's deadline). Fetches run on fetch_threads.
   uint32_t fetch_pages = 64;
+  // ... and at most this many bytes of pages (at least one page): the
+  // values a fetch holds at once.
+  uint64_t fetch_max_bytes = 64ull << 20;
   absl::Duration fetch_wait = absl::Seconds(1);
   uint32_t fetch_threads = 4;
 
