@@ -71,10 +71,11 @@ void AppendTierStats(const v1::TierStats& t, std::string* out) {
           : absl::StrCat(" (", t.last_error(), ")"));
   absl::StrAppendFormat(
       out,
-      "    writes: %d pages written (%s), %d failed, %d dropped, %d evicted "
-      "first; %d queued (%s); %d calls, mean %.2f ms\n",
-      t.written(), Bytes(t.written_bytes()), t.write_failures(),
-      t.writes_dropped(), t.writes_skipped(), t.write_queue_pages(),
+      "    writes: %d pages written (%s), %d already stored, %d failed, %d "
+      "dropped, %d evicted first; %d queued (%s); %d calls, mean %.2f ms\n",
+      t.written(), Bytes(t.written_bytes()), t.already_stored(),
+      t.write_failures(), t.writes_dropped(), t.writes_skipped(),
+      t.write_queue_pages(),
       Bytes(t.write_queue_bytes()), t.put_calls(), t.put_mean_seconds() * 1e3);
   absl::StrAppendFormat(
       out,

@@ -66,6 +66,7 @@ void FillTierStats(CacheTier& tier, v1::TierStats* stats) {
   stats->set_write_failures(c.write_failures);
   stats->set_writes_dropped(c.writes_dropped);
   stats->set_writes_skipped(c.writes_skipped);
+  stats->set_already_stored(c.already_stored);
   stats->set_written_bytes(c.written_bytes);
   stats->set_write_queue_pages(c.write_queue_pages);
   stats->set_write_queue_bytes(c.write_queue_bytes);
@@ -101,6 +102,7 @@ std::vector<prometheus::MetricFamily> TierCollector::Collect() const {
   AddValue(writes, c.write_failures, "failed");
   AddValue(writes, c.writes_dropped, "dropped");
   AddValue(writes, c.writes_skipped, "evicted");
+  AddValue(writes, c.already_stored, "already_stored");
   out.push_back(std::move(writes));
   prometheus::MetricFamily reads = Family(
       "hostkv_tier_reads_total",

@@ -99,6 +99,7 @@ uint64_t TierReader::Fetch(const Job& job) {
   std::vector<absl::string_view> pages;
   absl::Status health;
   uint64_t misses = 0, corrupt = 0, failures = 0, bytes = 0;
+  std::vector<TierKey> damaged_keys;
   for (size_t i = 0; i < values.size(); ++i) {
     absl::Status status = values[i].status();
     absl::StatusOr<absl::string_view> page;
@@ -115,16 +116,29 @@ uint64_t TierReader::Fetch(const Job& job) {
       ++misses;  // absent, or present past the first gap (not served)
     } else if (absl::IsDataLoss(status)) {
       ++corrupt;
+      // A damaged value (torn, corrupted) goes, so that the next writer of
+      // the key replaces it; another writer's (version, geometry) stays.
+      const bool damaged =
+          !values[i].ok() || !IsForeignValue(*values[i], fingerprint);
+      if (damaged) damaged_keys.push_back(tier_keys[i]);
       spdlog::warn("tier {}: the value of key {} in namespace '{}' (pool "
-                   "'{}') is not served: {}",
+                   "'{}') is not served{}: {}",
                    tier_->Describe(), absl::BytesToHexString(job.keys[i]),
-                   job.name_space, pool.name(), std::string(status.message()));
+                   job.name_space, pool.name(),
+                   damaged ? " and is deleted" : "",
+                   std::string(status.message()));
     } else {
       ++failures;
       if (health.ok()) health = status;
     }
   }
   health_->Report(health);
+  if (!damaged_keys.empty()) {
+    if (absl::Status s = tier_->Delete(damaged_keys); !s.ok()) {
+      spdlog::warn("tier {}: damaged values not deleted: {}", tier_->Describe(),
+                   s.ToString());
+    }
+  }
   counters_->read_misses.fetch_add(misses);
   counters_->read_corrupt.fetch_add(corrupt);
   counters_->read_failures.fetch_add(failures);

@@ -33,6 +33,7 @@ TierCountersSnapshot TierCounters::Snapshot() const {
   s.write_failures = write_failures.load();
   s.writes_dropped = writes_dropped.load();
   s.writes_skipped = writes_skipped.load();
+  s.already_stored = already_stored.load();
   s.written_bytes = written_bytes.load();
   s.write_queue_pages = write_queue_pages.load();
   s.write_queue_bytes = write_queue_bytes.load();

@@ -46,6 +46,9 @@ struct TierCountersSnapshot {
   uint64_t write_failures = 0;
   uint64_t writes_dropped = 0;
   uint64_t writes_skipped = 0;
+  // Not written because the store had them already (another node's, or an
+  // earlier write's).
+  uint64_t already_stored = 0;
   uint64_t written_bytes = 0;
   uint64_t write_queue_pages = 0;
   uint64_t write_queue_bytes = 0;
@@ -71,6 +74,7 @@ struct TierCounters {
   std::atomic<uint64_t> write_failures{0};
   std::atomic<uint64_t> writes_dropped{0};
   std::atomic<uint64_t> writes_skipped{0};
+  std::atomic<uint64_t> already_stored{0};
   std::atomic<uint64_t> written_bytes{0};
   std::atomic<uint64_t> write_queue_pages{0};
   std::atomic<uint64_t> write_queue_bytes{0};

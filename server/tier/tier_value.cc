@@ -79,6 +79,14 @@ std::string FrameValueFilled(uint64_t fingerprint, uint64_t page_bytes,
   return out;
 }
 
+bool IsForeignValue(absl::string_view value, uint64_t expected_fingerprint) {
+  if (value.size() < kTierValueHeaderBytes) return false;
+  const char* h = value.data();
+  return std::memcmp(h, kTierValueMagic, sizeof(kTierValueMagic)) != 0 ||
+         ReadLe(h + 4, 4) != kTierValueVersion ||
+         ReadLe(h + 8, 8) != expected_fingerprint;
+}
+
 absl::StatusOr<absl::string_view> UnframeValue(absl::string_view value,
                                                uint64_t expected_fingerprint,
                                                uint64_t expected_page_bytes) {

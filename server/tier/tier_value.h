@@ -55,6 +55,13 @@ std::string FrameValueFilled(uint64_t fingerprint, uint64_t page_bytes,
 // naming the first thing that did not match: "truncated header", "magic",
 // "version", "reserved", "geometry", "page bytes", "size" (value shorter or
 // longer than its header says), "checksum".
+// For a value UnframeValue refused: true if it is another writer's (its
+// header is whole but names another magic, version or geometry: a daemon
+// of another version, or a foreign key), false if it is damaged (cut short,
+// a length or checksum that does not match: torn or corrupted), which a
+// reader may delete so that the next writer replaces it.
+bool IsForeignValue(absl::string_view value, uint64_t expected_fingerprint);
+
 absl::StatusOr<absl::string_view> UnframeValue(absl::string_view value,
                                                uint64_t expected_fingerprint,
                                                uint64_t expected_page_bytes);

@@ -181,6 +181,24 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
     counters_->writes_dropped.fetch_add(items.size());
     return;
   }
+  const uint64_t fingerprint = PoolFingerprint(pool);
+  // Pages another node (or an earlier write) stored already are not sent
+  // again: one round trip asks for the leading ones.
+  std::vector<TierKey> all_keys;
+  all_keys.reserve(items.size());
+  for (const Item& item : items) {
+    all_keys.push_back(ToTierKey(fingerprint, name_space, item.key));
+  }
+  absl::StatusOr<uint64_t> stored = tier_->CountPrefix(all_keys);
+  health_->Report(stored.status());
+  if (!health_->up()) {
+    counters_->writes_dropped.fetch_add(items.size());
+    return;
+  }
+  const size_t skip = stored.ok() ? std::min<size_t>(*stored, items.size()) : 0;
+  counters_->already_stored.fetch_add(skip);
+  items = items.subspan(skip);
+  if (items.empty()) return;
   std::vector<absl::string_view> keys;
   keys.reserve(items.size());
   for (const Item& item : items) keys.push_back(item.key);
@@ -193,7 +211,6 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
     return;
   }
   const PoolGeometry& g = pool.geometry();
-  const uint64_t fingerprint = PoolFingerprint(pool);
   std::vector<TierKey> tier_keys;
   std::vector<std::string> values;
   std::vector<PageRun> held;
@@ -201,7 +218,7 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
     const uint64_t page = (*pages)[i];
     if (page == PageCache::kNotCached) continue;
     held.push_back({page, 1});
-    tier_keys.push_back(ToTierKey(fingerprint, name_space, items[i].key));
+    tier_keys.push_back(std::move(all_keys[skip + i]));
     values.push_back(
         FrameValueFilled(fingerprint, g.page_bytes(), [&](char* flat) {
           CopyPageToFlat(g, pool.base(), page,

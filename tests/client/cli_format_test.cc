@@ -127,6 +127,7 @@ TEST(CliFormatTest, TheTierLineComesBeforeTheTotals) {
   t->set_write_failures(1);
   t->set_writes_dropped(2);
   t->set_writes_skipped(3);
+  t->set_already_stored(9);
   t->set_write_queue_pages(4);
   t->set_write_queue_bytes(1 << 20);
   t->set_put_calls(5);
@@ -146,8 +147,9 @@ TEST(CliFormatTest, TheTierLineComesBeforeTheTotals) {
   EXPECT_EQ("tier: redis://10.0.0.5:6379 NOT SERVING (connect: Connection "
             "refused)",
             lines[n - 4]);
-  EXPECT_EQ("    writes: 12 pages written (3.00 MiB), 1 failed, 2 dropped, 3 "
-            "evicted first; 4 queued (1.00 MiB); 5 calls, mean 1.50 ms",
+  EXPECT_EQ("    writes: 12 pages written (3.00 MiB), 9 already stored, 1 "
+            "failed, 2 dropped, 3 evicted first; 4 queued (1.00 MiB); 5 calls, "
+            "mean 1.50 ms",
             lines[n - 3]);
   EXPECT_EQ("    reads: 7 hits (7.00 KiB), 8 misses, 1 corrupt, 2 failed, 3 "
             "no space, 4 late; 6 calls, mean 0.25 ms",

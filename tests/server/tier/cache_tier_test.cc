@@ -290,6 +290,32 @@ TEST_F(CacheTierTest, ACorruptedOrForeignValueIsAMissNeverServed) {
   EXPECT_EQ(c.read_corrupt, 1u);
   EXPECT_EQ(c.read_misses, 1u);
   EXPECT_EQ(Pool("q").cache().cached_pages(), 1u);
+  // The damaged value is gone, so that the next publisher of k1 stores it
+  // again (the write-behind skips keys the store has).
+  EXPECT_FALSE(std::filesystem::exists(path));
+  PublishFilled(reader, "q", 1, 1);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  EXPECT_TRUE(std::filesystem::exists(path));
+  CreatePool("r");
+  auto healed = LookupIn(reader, "r", 0, 3, false);
+  ASSERT_OK(healed);
+  EXPECT_EQ(healed->hits(), 3u);
+}
+
+TEST_F(CacheTierTest, PagesTheStoreHasAreNotWrittenAgain) {
+  UseFileTier();
+  CreatePools();
+  const SessionId a = OpenSession();
+  PublishFilled(a, "p", 0, 4);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  ASSERT_EQ(tier_->Counters().written, 4u);
+  // Another "node" publishes the same prompt, and two more pages.
+  const SessionId b = OpenSession();
+  PublishFilled(b, "q", 0, 6);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  const TierCountersSnapshot c = tier_->Counters();
+  EXPECT_EQ(c.already_stored, 4u);
+  EXPECT_EQ(c.written, 6u);
 }
 
 TEST_F(CacheTierTest, ATruncatedFileIsAMiss) {

@@ -145,6 +145,26 @@ TEST_F(TierValueTest, TruncatedOrPaddedValueIsDataLoss) {
   ExpectDataLoss(good + "x", "size");
 }
 
+TEST_F(TierValueTest, ForeignValuesAreToldFromDamagedOnes) {
+  const std::string value = FrameValue(fingerprint_, page_);
+  EXPECT_FALSE(IsForeignValue(value, fingerprint_));
+  // Another writer's: another geometry, version or magic (kept by readers).
+  EXPECT_TRUE(IsForeignValue(FrameValue(fingerprint_ + 1, page_), fingerprint_));
+  std::string v2 = value;
+  v2[4] = 2;
+  EXPECT_TRUE(IsForeignValue(v2, fingerprint_));
+  std::string magic = value;
+  magic[0] = 'X';
+  EXPECT_TRUE(IsForeignValue(magic, fingerprint_));
+  // Damaged: cut short, or a flipped page byte (a reader may delete them).
+  EXPECT_FALSE(IsForeignValue(value.substr(0, 10), fingerprint_));
+  EXPECT_FALSE(IsForeignValue(value.substr(0, value.size() - 1), fingerprint_));
+  std::string flipped = value;
+  flipped[kTierValueHeaderBytes + 5] ^= 0x40;
+  EXPECT_FALSE(Unframe(flipped).ok());
+  EXPECT_FALSE(IsForeignValue(flipped, fingerprint_));
+}
+
 TEST(GeometryFingerprintTest, EveryFieldThatDecidesTheBytesChangesIt) {
   PoolGeometry base = MhaGeometry();
   const uint64_t f = GeometryFingerprint(base, kBf16);
