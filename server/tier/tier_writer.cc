@@ -12,10 +12,12 @@
 namespace hostkv {
 namespace {
 
-// A tier namespace stays within what every store takes (the file tier's
-// names: 120 bytes); a longer cache namespace keeps its first 88 bytes and
-// gets two FNV-1a hashes of the whole in hex (32 characters).
+// A tier namespace is the pool's geometry fingerprint (8 bytes, little
+// endian) and the cache namespace, within what every store takes (the file
+// tier's names: 120 bytes): a cache namespace over 112 bytes keeps its first
+// 80 and gets two FNV-1a hashes of the whole in hex (32 characters).
 constexpr size_t kMaxTierNamespaceBytes = 120;
+constexpr size_t kFingerprintBytes = 8;
 
 uint64_t Fnv1a(absl::string_view bytes, uint64_t seed) {
   uint64_t h = seed;
@@ -41,17 +43,20 @@ uint64_t PoolFingerprint(const HostPool& pool) {
 TierKey ToTierKey(uint64_t fingerprint, absl::string_view name_space,
                   absl::string_view key) {
   TierKey out;
-  if (name_space.size() <= kMaxTierNamespaceBytes) {
-    out.name_space = std::string(name_space);
+  out.name_space.resize(kFingerprintBytes);
+  for (size_t i = 0; i < kFingerprintBytes; ++i) {
+    out.name_space[i] = static_cast<char>(fingerprint >> (8 * i));
+  }
+  constexpr size_t kRoom = kMaxTierNamespaceBytes - kFingerprintBytes;
+  if (name_space.size() <= kRoom) {
+    absl::StrAppend(&out.name_space, name_space);
   } else {
-    out.name_space = absl::StrCat(
-        name_space.substr(0, kMaxTierNamespaceBytes - 32),
+    absl::StrAppend(
+        &out.name_space, name_space.substr(0, kRoom - 32),
         absl::Hex(Fnv1a(name_space, 0xcbf29ce484222325ull), absl::kZeroPad16),
         absl::Hex(Fnv1a(name_space, 0x84222325cbf29ce4ull), absl::kZeroPad16));
   }
-  out.key.resize(8 + key.size());
-  for (int i = 0; i < 8; ++i) out.key[i] = static_cast<char>(fingerprint >> (8 * i));
-  std::memcpy(out.key.data() + 8, key.data(), key.size());
+  out.key = std::string(key);
   return out;
 }
 

@@ -30,9 +30,11 @@
 
 namespace hostkv {
 
-// What a pool's pages are stored under in a tier: the geometry fingerprint
-// (tier_value.h) of the pool, so that pools of other geometries never take
-// each other's pages for their own, and the tier key of a cache key.
+// What a pool's pages are stored under in a tier: the namespace is the
+// pool's geometry fingerprint (tier_value.h) and the cache namespace, so
+// that pools of other geometries never take each other's pages for their
+// own and each (geometry, namespace) is one directory of the file tier; the
+// key is the cache key.
 uint64_t PoolFingerprint(const HostPool& pool);
 TierKey ToTierKey(uint64_t fingerprint, absl::string_view name_space,
                   absl::string_view key);
