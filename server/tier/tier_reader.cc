@@ -97,10 +97,11 @@ uint64_t TierReader::Fetch(const Job& job) {
   counters_->get_latency.Record(absl::Now() - start);
   // The usable prefix; every key is counted by what became of it.
   std::vector<absl::string_view> pages;
-  absl::Status health;
+  std::vector<absl::Status> outcomes;
   uint64_t misses = 0, corrupt = 0, failures = 0, bytes = 0;
   for (size_t i = 0; i < values.size(); ++i) {
     absl::Status status = values[i].status();
+    outcomes.push_back(status);
     absl::StatusOr<absl::string_view> page;
     if (status.ok()) {
       bytes += values[i]->size();
@@ -121,10 +122,11 @@ uint64_t TierReader::Fetch(const Job& job) {
                    job.name_space, pool.name(), std::string(status.message()));
     } else {
       ++failures;
-      if (health.ok()) health = status;
     }
   }
-  health_->Report(health);
+  // One master of a cluster down fails its keys only: the tier is down
+  // when no key got an answer.
+  health_->Report(TierHealth::AnyAnswered(outcomes));
   counters_->read_misses.fetch_add(misses);
   counters_->read_corrupt.fetch_add(corrupt);
   counters_->read_failures.fetch_add(failures);

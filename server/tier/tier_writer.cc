@@ -233,7 +233,7 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
   counters_->written.fetch_add(ok);
   counters_->written_bytes.fetch_add(bytes);
   counters_->write_failures.fetch_add(results.size() - ok);
-  health_->Report(first_error);
+  health_->Report(TierHealth::AnyAnswered(results));  // see Fetch
   if (!first_error.ok()) {
     spdlog::warn("tier {}: {} of {} pages of pool '{}' not written: {}",
                  tier_->Describe(), results.size() - ok, results.size(),
