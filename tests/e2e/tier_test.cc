@@ -6,6 +6,7 @@
 #include <hiredis/hiredis.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -299,6 +300,9 @@ TEST_F(RedisClusterE2eTest, AKilledMasterCostsOnlyItsKeys) {
   EXPECT_EQ(0u, stats.read_corrupt());
   EXPECT_TRUE(CheckHealth(a_->target()).value());
   EXPECT_TRUE(CheckHealth(b_->target()).value());
+  // The other masters answer: the tier still serves (their keys hit).
+  EXPECT_TRUE(stats.serving()) << stats.last_error();
+  EXPECT_TRUE(CheckHealth(b_->target(), "hostkv.tier").value());
   EXPECT_OK(a_->AllocAndFree());
   EXPECT_OK(b_->AllocAndFree());
   // What B had before the kill is in its memory.
