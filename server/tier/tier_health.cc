@@ -1,23 +1,36 @@
 #include "server/tier/tier_health.h"
 
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
 namespace {
 
-// A key no page is stored under: the probe asks whether it exists.
-const TierKey& ProbeKey() {
-  static const TierKey* key = new TierKey{"hostkv.probe", "probe"};
-  return *key;
+// Keys no page is stored under: the probe asks for them in one batch. In a
+// cluster their slots spread over the masters, so that one master down
+// costs its own keys, not the whole tier: the tier is up while any of them
+// answers.
+constexpr int kProbeKeys = 16;
+
+const std::vector<TierKey>& ProbeKeys() {
+  static const std::vector<TierKey>* keys = [] {
+    auto* k = new std::vector<TierKey>;
+    for (int i = 0; i < kProbeKeys; ++i) {
+      k->push_back({"hostkv.probe", absl::StrCat("probe-", i)});
+    }
+    return k;
+  }();
+  return *keys;
 }
 
 }  // namespace
 
 TierHealth::TierHealth(PageTier* tier, absl::Duration probe_interval)
     : tier_(tier), probe_interval_(probe_interval) {
-  Report(tier_->CountPrefix({&ProbeKey(), 1}).status());
+  Report(Probe());
   prober_ = std::thread([this] { ProbeLoop(); });
 }
 
@@ -87,6 +100,23 @@ bool TierHealth::MeansDown(const absl::Status& status) {
          absl::IsUnauthenticated(status) || absl::IsPermissionDenied(status);
 }
 
+absl::Status TierHealth::Probe() {
+  std::vector<absl::Status> replies;
+  for (const absl::StatusOr<std::string>& value : tier_->Get(ProbeKeys())) {
+    replies.push_back(value.status());
+  }
+  return AnyAnswered(replies);
+}
+
+absl::Status TierHealth::AnyAnswered(absl::Span<const absl::Status> replies) {
+  absl::Status down = absl::UnavailableError("no reply");
+  for (const absl::Status& status : replies) {
+    if (!MeansDown(status)) return absl::OkStatus();
+    down = status;
+  }
+  return down;
+}
+
 void TierHealth::Report(const absl::Status& status) {
   const bool now_up = !MeansDown(status);
   if (up_.load(std::memory_order_acquire) == now_up) return;
@@ -117,7 +147,7 @@ void TierHealth::ProbeLoop() {
         return;
       }
     }
-    Report(tier_->CountPrefix({&ProbeKey(), 1}).status());
+    Report(Probe());
   }
 }
 

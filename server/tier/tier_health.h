@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/tier/page_tier.h"
 
 namespace hostkv {
@@ -57,8 +58,14 @@ class TierHealth {
   // write succeeds; anything else as Report.
   void ReportWrite(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   static bool MeansDown(const absl::Status& status);
+  // Of one batch's per-item outcomes: OK if any item got an answer (a
+  // cluster with one master down still serves the others' keys), else the
+  // last item's error (Unavailable for an empty batch).
+  static absl::Status AnyAnswered(absl::Span<const absl::Status> replies);
 
  private:
+  // Asks the store for a few absent keys (see ProbeKeys); AnyAnswered.
+  absl::Status Probe();
   void ProbeLoop();
   // Calls the observer if serving() changed. REQUIRES: mu_ held.
   void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -97,11 +97,12 @@ uint64_t TierReader::Fetch(const Job& job) {
   counters_->get_latency.Record(absl::Now() - start);
   // The usable prefix; every key is counted by what became of it.
   std::vector<absl::string_view> pages;
-  absl::Status health;
+  std::vector<absl::Status> outcomes;
   uint64_t misses = 0, corrupt = 0, failures = 0, bytes = 0;
   std::vector<TierKey> damaged_keys;
   for (size_t i = 0; i < values.size(); ++i) {
     absl::Status status = values[i].status();
+    outcomes.push_back(status);
     absl::StatusOr<absl::string_view> page;
     if (status.ok()) {
       bytes += values[i]->size();
@@ -129,10 +130,11 @@ uint64_t TierReader::Fetch(const Job& job) {
                    std::string(status.message()));
     } else {
       ++failures;
-      if (health.ok()) health = status;
     }
   }
-  health_->Report(health);
+  // One master of a cluster down fails its keys only: the tier is down
+  // when no key got an answer.
+  health_->Report(TierHealth::AnyAnswered(outcomes));
   if (!damaged_keys.empty()) {
     if (absl::Status s = tier_->Delete(damaged_keys); !s.ok()) {
       spdlog::warn("tier {}: damaged values not deleted: {}", tier_->Describe(),

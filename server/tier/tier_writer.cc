@@ -194,12 +194,9 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
   for (const Item& item : items) {
     all_keys.push_back(ToTierKey(fingerprint, name_space, item.key));
   }
+  // Its failure (e.g. a cluster master down) only means none is skipped:
+  // the puts' own outcomes decide the tier's health.
   absl::StatusOr<uint64_t> stored = tier_->CountPrefix(all_keys);
-  health_->Report(stored.status());
-  if (!health_->up()) {
-    counters_->writes_dropped.fetch_add(items.size());
-    return;
-  }
   const size_t skip = stored.ok() ? std::min<size_t>(*stored, items.size()) : 0;
   counters_->already_stored.fetch_add(skip);
   items = items.subspan(skip);
@@ -257,7 +254,13 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
   counters_->written.fetch_add(ok);
   counters_->written_bytes.fetch_add(bytes);
   counters_->write_failures.fetch_add(results.size() - ok);
-  health_->ReportWrite(first_error);
+  // A store refusing writes for space is full; otherwise the tier is down
+  // only when no item got an answer (see Fetch).
+  absl::Status outcome = TierHealth::AnyAnswered(results);
+  for (const absl::Status& result : results) {
+    if (absl::IsResourceExhausted(result)) outcome = result;
+  }
+  health_->ReportWrite(outcome);
   if (!first_error.ok()) {
     spdlog::warn("tier {}: {} of {} pages of pool '{}' not written: {}",
                  tier_->Describe(), results.size() - ok, results.size(),

@@ -55,6 +55,10 @@ absl::Status RedisServerProcess::StartClusterNode(int port) {
                     dir_ + "/nodes.conf"});
 }
 
+absl::Status RedisServerProcess::StartOnPort(int port) {
+  return StartWith({"--port", std::to_string(port), "--bind", "127.0.0.1"});
+}
+
 absl::Status RedisServerProcess::StartWith(std::vector<std::string> extra) {
   if (pid_ > 0) return absl::FailedPreconditionError("already running");
   const std::string binary = FindBinary();
@@ -141,6 +145,12 @@ RawRedisReply RawRedisCommand(const std::string& socket_path,
     result.type = reply->type;
     if (reply->str != nullptr) result.str.assign(reply->str, reply->len);
     result.integer = reply->integer;
+    if (reply->type == REDIS_REPLY_ARRAY) {
+      for (size_t i = 0; i < reply->elements; ++i) {
+        const redisReply* e = reply->element[i];
+        if (e->str != nullptr) result.elements.emplace_back(e->str, e->len);
+      }
+    }
     freeReplyObject(reply);
   }
   redisFree(c);

@@ -28,6 +28,8 @@ class RedisServerProcess {
   absl::Status Start(const std::string& password = "");
   // Starts a cluster-enabled node on 127.0.0.1:port (and socket_path()).
   absl::Status StartClusterNode(int port);
+  // Starts a plain (not cluster) server on 127.0.0.1:port too.
+  absl::Status StartOnPort(int port);
   // SIGKILL and wait.
   void Kill();
   // SIGSTOP / SIGCONT: a server that does not answer, then answers again.
@@ -50,6 +52,7 @@ struct RawRedisReply {
   int type = -1;
   std::string str;  // string, status or error
   long long integer = 0;
+  std::vector<std::string> elements;  // an array's string elements
 };
 RawRedisReply RawRedisCommand(const std::string& socket_path,
                               const std::vector<std::string>& args);
