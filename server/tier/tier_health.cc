@@ -30,7 +30,15 @@ const std::vector<TierKey>& ProbeKeys() {
 
 TierHealth::TierHealth(PageTier* tier, absl::Duration probe_interval)
     : tier_(tier), probe_interval_(probe_interval) {
-  Report(Probe());
+  const absl::Status first = Probe();
+  Report(first);
+  if (!up()) {  // down from the start: Report saw no change to log
+    absl::MutexLock lock(&mu_);
+    last_error_ = std::string(first.message());
+    spdlog::warn("tier {}: NOT serving at start ({}); lookups miss and "
+                 "writes are dropped until it answers",
+                 tier_->Describe(), first.ToString());
+  }
   prober_ = std::thread([this] { ProbeLoop(); });
 }
 
