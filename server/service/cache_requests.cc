@@ -201,27 +201,17 @@ absl::Status RequestHandler::LookupInTier(
     LookupResult& found) {
   HostPool& pool = *target.pool;
   const size_t hits = found.hits;
-  // Pages brought from the tier are published under the namespace as the
-  // caller would publish them: it claims a namespace nobody owns. A caller
-  // at its namespace limit gets what host memory has.
-  const bool claimed =
-      pool.namespaces()
-          .ClaimOrCheck(pool.name(), request.namespace_(),
-                        Principal::Of(*target.session))
-          .ok();
   const uint64_t page_bytes = pool.geometry().page_bytes();
   const size_t ask = std::min<size_t>(
       {keys.size() - hits, tier_->config().fetch_pages,
        std::max<size_t>(1, tier_->config().fetch_max_bytes / page_bytes)});
-  std::shared_ptr<TierFetch> fetch;
-  if (claimed) {
-    std::vector<std::string> wanted(keys.begin() + hits,
-                                    keys.begin() + hits + ask);
-    fetch = tier_->reader().Start(
-        target.pool, request.namespace_(),
-        hits > 0 ? std::string(keys[hits - 1]) : std::string(),
-        std::move(wanted));
-  }
+  // The pages are published for the caller, as its own publish would be
+  // (the reader claims a namespace nobody owns here, within its limits).
+  std::shared_ptr<TierFetch> fetch = tier_->reader().Start(
+      target.pool, request.namespace_(),
+      hits > 0 ? std::string(keys[hits - 1]) : std::string(),
+      std::vector<std::string>(keys.begin() + hits, keys.begin() + hits + ask),
+      Principal::Of(*target.session));
   if (fetch != nullptr) {
     // Leave the reply time to reach a caller whose deadline is near.
     const absl::Time wait_until =

@@ -40,7 +40,8 @@ TierReader::~TierReader() { Stop(); }
 std::shared_ptr<TierFetch> TierReader::Start(std::shared_ptr<HostPool> pool,
                                              std::string name_space,
                                              std::string parent_key,
-                                             std::vector<std::string> keys) {
+                                             std::vector<std::string> keys,
+                                             Principal who) {
   if (keys.empty() || !health_->up()) return nullptr;
   auto fetch = std::make_shared<TierFetch>();
   absl::MutexLock lock(&mu_);
@@ -49,7 +50,7 @@ std::shared_ptr<TierFetch> TierReader::Start(std::shared_ptr<HostPool> pool,
     return nullptr;
   }
   queue_.push_back({fetch, std::move(pool), std::move(name_space),
-                    std::move(parent_key), std::move(keys)});
+                    std::move(parent_key), std::move(keys), std::move(who)});
   return fetch;
 }
 
@@ -154,6 +155,13 @@ uint64_t TierReader::Fetch(const Job& job) {
 uint64_t TierReader::Publish(const Job& job,
                              const std::vector<absl::string_view>& pages) {
   HostPool& pool = *job.pool;
+  if (absl::Status s =
+          pool.namespaces().ClaimOrCheck(pool.name(), job.name_space, job.who);
+      !s.ok()) {
+    spdlog::debug("tier reader: pages for namespace '{}' of pool '{}' not "
+                  "brought in: {}", job.name_space, pool.name(), s.ToString());
+    return 0;
+  }
   SlotAllocator& allocator = pool.allocator();
   const uint64_t n = std::min<uint64_t>(pages.size(), allocator.free_pages());
   absl::StatusOr<std::vector<PageRun>> runs =

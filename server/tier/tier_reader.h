@@ -24,6 +24,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/pool/host_pool.h"
+#include "server/pool/pool_access.h"
 #include "server/tier/page_tier.h"
 #include "server/tier/tier_config.h"
 #include "server/tier/tier_health.h"
@@ -58,13 +59,17 @@ class TierReader {
   TierReader& operator=(const TierReader&) = delete;
 
   // Queues a fetch of `keys` into `pool` (the first one's parent is
-  // parent_key, "" for none). Null, fetching nothing, while the tier is
-  // down, when fetch_threads * 4 fetches are queued already, or after Stop.
+  // parent_key, "" for none) for `who`, the lookup's caller: the pages are
+  // published only if `who` may publish in the namespace (it claims one
+  // nobody owns on this node, as its own publish would; a lookup whose
+  // store has nothing claims nothing). Null, fetching nothing, while the
+  // tier is down, when fetch_threads * 4 fetches are queued already, or
+  // after Stop.
   std::shared_ptr<TierFetch> Start(std::shared_ptr<HostPool> pool,
                                    std::string name_space,
                                    std::string parent_key,
-                                   std::vector<std::string> keys)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                   std::vector<std::string> keys,
+                                   Principal who) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Abandons queued fetches (their waiters see them done, with nothing
   // published) and stops the threads after their current fetch.
@@ -77,6 +82,7 @@ class TierReader {
     std::string name_space;
     std::string parent_key;
     std::vector<std::string> keys;
+    Principal who;
   };
 
   void Run() ABSL_LOCKS_EXCLUDED(mu_);

@@ -85,9 +85,16 @@ class SwitchableTier : public PageTier {
   std::unique_ptr<PageTier> inner_;
 };
 
+// Pools any user may use (a test looks up as another uid).
+RequestLimits AnyUserLimits() {
+  RequestLimits limits{1 << 16, Prefix()};
+  limits.pool_access = v1::POOL_ACCESS_ANY;
+  return limits;
+}
+
 class CacheTierTest : public HandlerFixture {
  protected:
-  CacheTierTest() {
+  CacheTierTest() : HandlerFixture(AnyUserLimits()) {
     char pattern[] = "/tmp/hostkv-cache-tier-XXXXXX";
     dir_ = mkdtemp(pattern);
   }
@@ -519,6 +526,34 @@ TEST_F(CacheTierTest, ALookupWaitsNoLongerThanItsDeadline) {
   const TierCountersSnapshot c = tier_->Counters();
   EXPECT_EQ(c.read_hits, 3u);
   EXPECT_EQ(c.fetches_late + (found->hits() == 3 ? 1 : 0), 1u);
+}
+
+TEST_F(CacheTierTest, AFetchClaimsTheNamespaceForItsCallerAndAnEmptyOneClaimsNothing) {
+  UseFileTier();
+  CreatePools();
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 2);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  // Another user looks up keys the tier does not have: nothing claimed.
+  const uint32_t other_uid = getuid() + 1000;
+  const SessionId stranger = OpenSession(true, other_uid);
+  v1::LookupRequest nothing;
+  nothing.set_session_id(stranger);
+  nothing.set_pool("q");
+  nothing.set_namespace_("model-b");
+  nothing.add_keys("absent");
+  auto missed = handler_.Lookup(nothing);
+  ASSERT_OK(missed);
+  EXPECT_EQ(missed->hits(), 0u);
+  EXPECT_FALSE(Pool("q").namespaces().OwnerOf("model-b").has_value());
+  // The same user's lookup that brings pages claims the namespace for it,
+  // as its publish would: the pages are then its namespace's.
+  auto found = LookupIn(stranger, "q", 0, 2, false);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 2u);
+  auto owner = Pool("q").namespaces().OwnerOf("model-a");
+  ASSERT_TRUE(owner.has_value());
+  EXPECT_EQ(owner->uid, other_uid);
 }
 
 TEST_F(CacheTierTest, GetPoolStatsReportsTheTier) {
