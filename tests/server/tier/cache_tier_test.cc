@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "server/service/request_handler.h"
 #include "server/tier/cache_tier.h"
@@ -125,7 +126,10 @@ class CacheTierTest : public HandlerFixture {
     config.probe_interval = absl::Milliseconds(20);
     tier_ = std::make_unique<CacheTier>(config, std::move(store));
     handler_.set_tier(tier_.get());
-    tier_->health().SetObserver([this](bool serving) { health_changes_.push_back(serving); });
+    tier_->health().SetObserver([this](bool serving) {
+      absl::MutexLock lock(&changes_mu_);  // called from the prober's thread
+      health_changes_.push_back(serving);
+    });
     return raw;
   }
 
@@ -226,7 +230,13 @@ class CacheTierTest : public HandlerFixture {
 
   std::string dir_;
   std::unique_ptr<CacheTier> tier_;
-  std::vector<bool> health_changes_;  // what the health entry was told
+  // What the health entry was told.
+  std::vector<bool> HealthChanges() {
+    absl::MutexLock lock(&changes_mu_);
+    return health_changes_;
+  }
+  absl::Mutex changes_mu_;
+  std::vector<bool> health_changes_ ABSL_GUARDED_BY(changes_mu_);
 };
 
 TEST_F(CacheTierTest, PublishedPagesReachTheOtherPoolByteExact) {
@@ -478,7 +488,7 @@ TEST_F(CacheTierTest, AFullTierIsNotServingStillReadAndTakesWritesAgain) {
   ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
   EXPECT_TRUE(tier_->health().serving());
   EXPECT_EQ(tier_->Counters().written, 3u);
-  EXPECT_EQ(health_changes_, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(HealthChanges(), (std::vector<bool>{true, false, true}));
 }
 
 TEST_F(CacheTierTest, ATierThatWentDownIsSeenByTheProberAndComesBackByItself) {
@@ -502,7 +512,7 @@ TEST_F(CacheTierTest, ATierThatWentDownIsSeenByTheProberAndComesBackByItself) {
   auto other = LookupIn(s, "q", 2, 2, false);
   ASSERT_OK(other);
   EXPECT_EQ(other->hits(), 2u);
-  EXPECT_EQ(health_changes_, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(HealthChanges(), (std::vector<bool>{true, false, true}));
 }
 
 TEST_F(CacheTierTest, ALookupWaitsNoLongerThanItsDeadline) {
