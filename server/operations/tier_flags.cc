@@ -71,33 +71,28 @@ absl::StatusOr<TierConfig> ReadTierFlags() {
   c.fsync = absl::GetFlag(FLAGS_tier_fsync);
   c.read_only = absl::GetFlag(FLAGS_tier_read_only);
   c.fetch_wait = absl::GetFlag(FLAGS_tier_fetch_wait);
-  absl::StatusOr<uint32_t> n =
-      CountFlag("tier_connections", absl::GetFlag(FLAGS_tier_connections), 1);
-  if (!n.ok()) return n.status();
-  c.connections = *n;
-  if (n = CountFlag("tier_write_after_hits",
-                    absl::GetFlag(FLAGS_tier_write_after_hits), 0);
-      !n.ok()) {
-    return n.status();
+  struct Count {
+    const char* name;
+    const absl::Flag<int>& flag;
+    int least;
+    uint32_t TierConfig::*field;
+  };
+  for (const Count& count : {
+           Count{"tier_connections", FLAGS_tier_connections, 1,
+                 &TierConfig::connections},
+           Count{"tier_write_after_hits", FLAGS_tier_write_after_hits, 0,
+                 &TierConfig::write_after_hits},
+           Count{"tier_write_threads", FLAGS_tier_write_threads, 1,
+                 &TierConfig::write_threads},
+           Count{"tier_fetch_pages", FLAGS_tier_fetch_pages, 1,
+                 &TierConfig::fetch_pages},
+           Count{"tier_fetch_threads", FLAGS_tier_fetch_threads, 1,
+                 &TierConfig::fetch_threads}}) {
+    absl::StatusOr<uint32_t> n =
+        CountFlag(count.name, absl::GetFlag(count.flag), count.least);
+    if (!n.ok()) return n.status();
+    c.*count.field = *n;
   }
-  c.write_after_hits = *n;
-  if (n = CountFlag("tier_write_threads",
-                    absl::GetFlag(FLAGS_tier_write_threads), 1);
-      !n.ok()) {
-    return n.status();
-  }
-  c.write_threads = *n;
-  if (n = CountFlag("tier_fetch_pages", absl::GetFlag(FLAGS_tier_fetch_pages), 1);
-      !n.ok()) {
-    return n.status();
-  }
-  c.fetch_pages = *n;
-  if (n = CountFlag("tier_fetch_threads",
-                    absl::GetFlag(FLAGS_tier_fetch_threads), 1);
-      !n.ok()) {
-    return n.status();
-  }
-  c.fetch_threads = *n;
   absl::StatusOr<uint64_t> queue =
       ParseByteSize(absl::GetFlag(FLAGS_tier_write_queue));
   if (!queue.ok()) {

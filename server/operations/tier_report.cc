@@ -1,5 +1,6 @@
 #include "server/operations/tier_report.h"
 
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <utility>
@@ -87,59 +88,45 @@ std::vector<prometheus::MetricFamily> TierCollector::Collect() const {
   const TierCountersSnapshot c = tier_->Counters();
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
-  prometheus::MetricFamily up = Family(
-      "hostkv_tier_up",
+  // One family: one value, or one per result label.
+  const auto add = [&out](const char* name, const char* help, MetricType type,
+                          std::initializer_list<std::pair<const char*, double>>
+                              values) {
+    prometheus::MetricFamily family = Family(name, help, type);
+    for (const auto& [result, value] : values) AddValue(family, value, result);
+    out.push_back(std::move(family));
+  };
+  add("hostkv_tier_up",
       "1 while the storage tier answers and takes writes (health entry "
       "hostkv.tier)",
-      MetricType::Gauge);
-  AddValue(up, tier_->health().serving() ? 1 : 0);
-  out.push_back(std::move(up));
-  prometheus::MetricFamily writes =
-      Family("hostkv_tier_writes_total",
-             "Pages of the write-behind, by what became of them",
-             MetricType::Counter);
-  AddValue(writes, c.written, "written");
-  AddValue(writes, c.write_failures, "failed");
-  AddValue(writes, c.writes_dropped, "dropped");
-  AddValue(writes, c.writes_skipped, "evicted");
-  AddValue(writes, c.already_stored, "already_stored");
-  out.push_back(std::move(writes));
-  prometheus::MetricFamily reads = Family(
-      "hostkv_tier_reads_total",
+      MetricType::Gauge, {{nullptr, tier_->health().serving() ? 1 : 0}});
+  add("hostkv_tier_writes_total",
+      "Pages of the write-behind, by what became of them", MetricType::Counter,
+      {{"written", c.written},
+       {"failed", c.write_failures},
+       {"dropped", c.writes_dropped},
+       {"evicted", c.writes_skipped},
+       {"already_stored", c.already_stored}});
+  add("hostkv_tier_reads_total",
       "Keys lookups asked the tier for, by what became of them",
-      MetricType::Counter);
-  AddValue(reads, c.read_hits, "hit");
-  AddValue(reads, c.read_misses, "miss");
-  AddValue(reads, c.read_corrupt, "corrupt");
-  AddValue(reads, c.read_failures, "failed");
-  AddValue(reads, c.fetch_no_space, "no_space");
-  out.push_back(std::move(reads));
-  prometheus::MetricFamily written = Family(
-      "hostkv_tier_written_bytes_total", "Bytes written to the tier",
-      MetricType::Counter);
-  AddValue(written, c.written_bytes);
-  out.push_back(std::move(written));
-  prometheus::MetricFamily read = Family(
-      "hostkv_tier_read_bytes_total", "Bytes read from the tier",
-      MetricType::Counter);
-  AddValue(read, c.read_bytes);
-  out.push_back(std::move(read));
-  prometheus::MetricFamily queue_pages = Family(
-      "hostkv_tier_write_queue_pages", "Pages waiting to be written",
-      MetricType::Gauge);
-  AddValue(queue_pages, c.write_queue_pages);
-  out.push_back(std::move(queue_pages));
-  prometheus::MetricFamily queue_bytes = Family(
-      "hostkv_tier_write_queue_bytes", "Bytes of the pages waiting to be written",
-      MetricType::Gauge);
-  AddValue(queue_bytes, c.write_queue_bytes);
-  out.push_back(std::move(queue_bytes));
-  prometheus::MetricFamily late = Family(
-      "hostkv_tier_fetches_late_total",
+      MetricType::Counter,
+      {{"hit", c.read_hits},
+       {"miss", c.read_misses},
+       {"corrupt", c.read_corrupt},
+       {"failed", c.read_failures},
+       {"no_space", c.fetch_no_space}});
+  add("hostkv_tier_written_bytes_total", "Bytes written to the tier",
+      MetricType::Counter, {{nullptr, c.written_bytes}});
+  add("hostkv_tier_read_bytes_total", "Bytes read from the tier",
+      MetricType::Counter, {{nullptr, c.read_bytes}});
+  add("hostkv_tier_write_queue_pages", "Pages waiting to be written",
+      MetricType::Gauge, {{nullptr, c.write_queue_pages}});
+  add("hostkv_tier_write_queue_bytes",
+      "Bytes of the pages waiting to be written", MetricType::Gauge,
+      {{nullptr, c.write_queue_bytes}});
+  add("hostkv_tier_fetches_late_total",
       "Lookups that stopped waiting for pages from the tier",
-      MetricType::Counter);
-  AddValue(late, c.fetches_late);
-  out.push_back(std::move(late));
+      MetricType::Counter, {{nullptr, c.fetches_late}});
   out.push_back(Histogram("hostkv_tier_put_seconds",
                           "Store calls writing a batch of pages",
                           c.put_latency));
