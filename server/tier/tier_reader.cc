@@ -163,10 +163,17 @@ uint64_t TierReader::Publish(const Job& job,
     return 0;
   }
   SlotAllocator& allocator = pool.allocator();
-  const uint64_t n = std::min<uint64_t>(pages.size(), allocator.free_pages());
+  PageCache& cache = pool.cache();
+  // Free pages, and where they are short, the coldest unreferenced cached
+  // pages, as an allocation takes them (the pages asked for now are hotter).
+  const uint64_t unreferenced = cache.cached_pages() - cache.referenced_pages();
+  const uint64_t n = std::min<uint64_t>(
+      pages.size(), allocator.free_pages() + unreferenced);
   absl::StatusOr<std::vector<PageRun>> runs =
-      n == 0 ? absl::ResourceExhaustedError("no free page")
-             : allocator.Allocate(n, kTierOwner);
+      n == 0 ? absl::ResourceExhaustedError("no free or evictable page")
+             : allocator.Allocate(n, kTierOwner, [&cache](uint64_t needed) {
+                 return cache.EvictForAllocation(needed);
+               });
   if (!runs.ok()) {
     counters_->fetch_no_space.fetch_add(pages.size());
     return 0;

@@ -5,7 +5,8 @@
 // first that is missing, unreadable or refused by its frame (tier_value.h:
 // bad header, another geometry, a checksum that does not match: a miss,
 // logged and counted, never served), copies them into free pages of the
-// pool (never evicting for it) and publishes them under their keys, each
+// pool (where those are short, evicting the coldest unreferenced cached
+// pages, as an allocation does) and publishes them under their keys, each
 // the parent of the next. A fetch the lookup stopped waiting for still
 // completes: its pages serve the next lookup.
 #ifndef HOSTKV_SERVER_TIER_TIER_READER_H_

@@ -372,7 +372,47 @@ TEST_F(CacheTierTest, APoolOfAnotherGeometryDoesNotSeeThePages) {
   EXPECT_EQ(tier_->Counters().read_misses, 2u);  // other keys: not found
 }
 
-TEST_F(CacheTierTest, FetchesOnlyIntoFreePagesNeverEvicting) {
+TEST_F(CacheTierTest, FetchesEvictColdCachedPagesWhenFreeOnesAreShort) {
+  UseFileTier();
+  CreatePools();
+  const SessionId writer = OpenSession();
+  PublishFilled(writer, "p", 0, 6);
+  ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
+  // Pool q: every page cached, in another namespace, unreferenced.
+  const SessionId filler = OpenSession();
+  const uint64_t total = Pool("q").allocator().num_pages();
+  v1::AllocRequest alloc;
+  alloc.set_session_id(filler);
+  alloc.set_pool("q");
+  alloc.set_num_tokens(total * kPageSize);
+  auto pages = handler_.Alloc(alloc);
+  ASSERT_OK(pages);
+  v1::PublishRequest publish;
+  publish.set_session_id(filler);
+  publish.set_pool("q");
+  publish.set_namespace_("cold");
+  uint64_t n = 0;
+  for (const auto& run : pages->pages()) {
+    for (uint64_t p = run.first_page(); p < run.first_page() + run.num_pages(); ++p) {
+      auto* item = publish.add_items();
+      item->set_key(absl::StrCat("cold", n++));
+      item->set_page(p);
+    }
+  }
+  ASSERT_OK(handler_.Publish(publish));
+  ASSERT_EQ(Pool("q").allocator().free_pages(), 0u);
+  auto found = LookupIn(writer, "q", 0, 6);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->hits(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(ReadPage(writer, "q", Pages(*found)[i]), PageBytes(i));
+  }
+  EXPECT_EQ(Pool("q").cache().CountersOf("cold").evictions, 6u);
+  EXPECT_EQ(tier_->Counters().fetch_no_space, 0u);
+  ASSERT_OK(Pool("q").cache().CheckConsistency());
+}
+
+TEST_F(CacheTierTest, FetchesNeverTakeASessionsPages) {
   UseFileTier();
   CreatePools();
   const SessionId writer = OpenSession();
