@@ -575,7 +575,10 @@ TEST_F(CacheTierTest, ALookupWaitsNoLongerThanItsDeadline) {
   EXPECT_EQ(later->hits(), 3u);
   const TierCountersSnapshot c = tier_->Counters();
   EXPECT_EQ(c.read_hits, 3u);
-  EXPECT_EQ(c.fetches_late + (found->hits() == 3 ? 1 : 0), 1u);
+  // A lookup that answered with fewer hits stopped waiting (a late fetch);
+  // one whose fetch ended just after the wait may still see every page.
+  EXPECT_LE(c.fetches_late, 1u);
+  if (found->hits() < 3) EXPECT_EQ(c.fetches_late, 1u);
 }
 
 TEST_F(CacheTierTest, AFetchClaimsTheNamespaceForItsCallerAndAnEmptyOneClaimsNothing) {
