@@ -7,6 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import hostkvd_binary  # noqa: E402
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client",
                         "python", "examples")
 
@@ -43,3 +45,19 @@ def test_warm_restart_demo_finds_the_quickstarts_socket(daemon):
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "OK"
+
+
+def test_two_node_demo():
+    """Its own redis-server and two daemons (the binary under test)."""
+    import shutil
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "two_node_demo.py"),
+                          "--hostkvd", hostkvd_binary()],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "engine published 8 pages" in out.stdout
+    assert "tier wrote 8 pages" in out.stdout
+    assert "host memory held 0 of these pages; lookup found 8 of 8 keys" in out.stdout
+    assert lines[-1] == "node B: 8 of 8 pages match node A's bytes: bytes match"
