@@ -14,6 +14,7 @@
 #include "server/tier/page_tier.h"
 #include "server/tier/tier_config.h"
 #include "server/tier/tier_health.h"
+#include "server/tier/tier_keys.h"
 #include "server/tier/tier_reader.h"
 #include "server/tier/tier_stats.h"
 #include "server/tier/tier_writer.h"

@@ -7,7 +7,7 @@
 #include "kernels/page_format.h"
 #include "server/cache/page_cache.h"
 #include "server/tier/tier_value.h"
-#include "server/tier/tier_writer.h"
+#include "server/tier/tier_keys.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {

@@ -22,17 +22,7 @@ uint64_t ReadLe(const char* p, int bytes) {
   return v;
 }
 
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 constexpr uint64_t kFnvPrime = 0x100000001b3ull;
-
-uint64_t Fnv1a(absl::string_view bytes) {
-  uint64_t h = kFnvOffset;
-  for (char c : bytes) {
-    h ^= static_cast<uint8_t>(c);
-    h *= kFnvPrime;
-  }
-  return h;
-}
 
 absl::Status Mismatch(absl::string_view what, uint64_t got, uint64_t want) {
   return absl::DataLossError(absl::StrFormat(
@@ -41,6 +31,15 @@ absl::Status Mismatch(absl::string_view what, uint64_t got, uint64_t want) {
 }
 
 }  // namespace
+
+uint64_t Fnv1a(absl::string_view bytes, uint64_t seed) {
+  uint64_t h = seed;
+  for (char c : bytes) {
+    h ^= static_cast<uint8_t>(c);
+    h *= kFnvPrime;
+  }
+  return h;
+}
 
 uint64_t GeometryFingerprint(const PoolGeometry& g, uint32_t dtype,
                              uint32_t mla_rope_dim) {

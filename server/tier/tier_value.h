@@ -39,6 +39,11 @@ inline constexpr size_t kTierValueHeaderBytes = 32;
 // for MLA, how a row splits into latent and rope parts (`mla_rope_dim`, the
 // qk_rope_head_dim; 0 for MHA). Not the pool's size (token_slots): pools of
 // one geometry and any size share pages.
+// FNV-1a (64-bit) of `bytes`, from `seed` (the standard offset basis by
+// default): the hash of GeometryFingerprint, and of long tier namespaces.
+inline constexpr uint64_t kFnv1aOffset = 0xcbf29ce484222325ull;
+uint64_t Fnv1a(absl::string_view bytes, uint64_t seed = kFnv1aOffset);
+
 uint64_t GeometryFingerprint(const PoolGeometry& geometry, uint32_t dtype,
                              uint32_t mla_rope_dim = 0);
 

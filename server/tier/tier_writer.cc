@@ -1,64 +1,20 @@
 #include "server/tier/tier_writer.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/page_format.h"
+#include "server/tier/tier_keys.h"
 #include "server/tier/tier_value.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
 namespace {
 
-// A tier namespace is the pool's geometry fingerprint (8 bytes, little
-// endian) and the cache namespace, within what every store takes (the file
-// tier's names: 120 bytes): a cache namespace over 112 bytes keeps its first
-// 80 and gets two FNV-1a hashes of the whole in hex (32 characters).
-constexpr size_t kMaxTierNamespaceBytes = 120;
-constexpr size_t kFingerprintBytes = 8;
-
-uint64_t Fnv1a(absl::string_view bytes, uint64_t seed) {
-  uint64_t h = seed;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 constexpr size_t kMaxHitKeys = size_t{1} << 20;
 
 }  // namespace
-
-uint64_t PoolFingerprint(const HostPool& pool) {
-  const v1::Geometry& geometry = pool.info().spec().geometry();
-  const uint32_t rope =
-      geometry.has_mla() ? geometry.mla().qk_rope_head_dim() : 0;
-  return GeometryFingerprint(pool.geometry(),
-                             static_cast<uint32_t>(geometry.dtype()), rope);
-}
-
-TierKey ToTierKey(uint64_t fingerprint, absl::string_view name_space,
-                  absl::string_view key) {
-  TierKey out;
-  out.name_space.resize(kFingerprintBytes);
-  for (size_t i = 0; i < kFingerprintBytes; ++i) {
-    out.name_space[i] = static_cast<char>(fingerprint >> (8 * i));
-  }
-  constexpr size_t kRoom = kMaxTierNamespaceBytes - kFingerprintBytes;
-  if (name_space.size() <= kRoom) {
-    absl::StrAppend(&out.name_space, name_space);
-  } else {
-    absl::StrAppend(
-        &out.name_space, name_space.substr(0, kRoom - 32),
-        absl::Hex(Fnv1a(name_space, 0xcbf29ce484222325ull), absl::kZeroPad16),
-        absl::Hex(Fnv1a(name_space, 0x84222325cbf29ce4ull), absl::kZeroPad16));
-  }
-  out.key = std::string(key);
-  return out;
-}
 
 TierWriter::TierWriter(const TierConfig& config, PageTier* tier,
                        TierHealth* health, TierCounters* counters)

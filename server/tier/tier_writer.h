@@ -30,15 +30,6 @@
 
 namespace hostkv {
 
-// What a pool's pages are stored under in a tier: the namespace is the
-// pool's geometry fingerprint (tier_value.h) and the cache namespace, so
-// that pools of other geometries never take each other's pages for their
-// own and each (geometry, namespace) is one directory of the file tier; the
-// key is the cache key.
-uint64_t PoolFingerprint(const HostPool& pool);
-TierKey ToTierKey(uint64_t fingerprint, absl::string_view name_space,
-                  absl::string_view key);
-
 class TierWriter {
  public:
   // Borrows tier, health and counters, which must outlive it.

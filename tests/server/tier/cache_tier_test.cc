@@ -25,31 +25,6 @@
 namespace hostkv {
 namespace {
 
-// A store that answers nothing (a tier that is down).
-class DownTier : public PageTier {
- public:
-  std::string Describe() const override { return "down://"; }
-  std::vector<absl::Status> Put(absl::Span<const TierKey> keys,
-                                absl::Span<const absl::string_view>) override {
-    ++calls;
-    return std::vector<absl::Status>(keys.size(), absl::UnavailableError("down"));
-  }
-  std::vector<absl::StatusOr<std::string>> Get(
-      absl::Span<const TierKey> keys) override {
-    // The health probe's keys (tier_health.cc) are not the cache's calls.
-    if (keys.empty() || keys[0].name_space != "hostkv.probe") ++calls;
-    return std::vector<absl::StatusOr<std::string>>(
-        keys.size(), absl::UnavailableError("down"));
-  }
-  absl::StatusOr<uint64_t> CountPrefix(absl::Span<const TierKey>) override {
-    return absl::UnavailableError("down");
-  }
-  absl::Status Delete(absl::Span<const TierKey>) override {
-    return absl::UnavailableError("down");
-  }
-  std::atomic<int> calls{0};
-};
-
 // A file tier that can be made full (puts refused) or down (nothing
 // answers), as a Redis at maxmemory or a killed one would be.
 class SwitchableTier : public PageTier {
@@ -59,6 +34,7 @@ class SwitchableTier : public PageTier {
   std::string Describe() const override { return inner_->Describe(); }
   std::vector<absl::Status> Put(absl::Span<const TierKey> keys,
                                 absl::Span<const absl::string_view> values) override {
+    if (mode == kDown) ++calls_while_down;
     if (mode != kOk) {
       return std::vector<absl::Status>(
           keys.size(), mode == kFull ? absl::ResourceExhaustedError("OOM")
@@ -68,6 +44,8 @@ class SwitchableTier : public PageTier {
   }
   std::vector<absl::StatusOr<std::string>> Get(absl::Span<const TierKey> keys) override {
     if (mode == kDown) {
+      // The health probe's keys (tier_health.cc) are not the cache's calls.
+      if (keys.empty() || keys[0].name_space != "hostkv.probe") ++calls_while_down;
       return std::vector<absl::StatusOr<std::string>>(keys.size(),
                                                       absl::UnavailableError("down"));
     }
@@ -81,6 +59,8 @@ class SwitchableTier : public PageTier {
     return inner_->Delete(keys);
   }
   std::atomic<Mode> mode{kOk};
+  // Puts and gets (not the health probe's) asked of it while down.
+  std::atomic<int> calls_while_down{0};
 
  private:
   std::unique_ptr<PageTier> inner_;
@@ -115,12 +95,14 @@ class CacheTierTest : public HandlerFixture {
     handler_.set_tier(tier_.get());
   }
 
-  // Over a SwitchableTier on the test's directory; returns it.
-  SwitchableTier* UseSwitchableTier() {
+  // Over a SwitchableTier on the test's directory, in `mode` from the
+  // start; returns it.
+  SwitchableTier* UseSwitchableTier(SwitchableTier::Mode mode = SwitchableTier::kOk) {
     auto files = FileTier::Open(dir_, FileTierOptions{.fsync = false});
     EXPECT_OK(files);
     auto store = std::make_unique<SwitchableTier>(*std::move(files));
     SwitchableTier* raw = store.get();
+    raw->mode = mode;
     TierConfig config;
     config.url = "file:" + dir_;
     config.probe_interval = absl::Milliseconds(20);
@@ -480,13 +462,7 @@ TEST_F(CacheTierTest, ReadOnlyNeverWrites) {
 }
 
 TEST_F(CacheTierTest, ADownTierIsNotAskedAndHostOperationsGoOn) {
-  auto store = std::make_unique<DownTier>();
-  DownTier* down = store.get();
-  TierConfig config;
-  config.url = "down://";
-  config.probe_interval = absl::Milliseconds(20);
-  tier_ = std::make_unique<CacheTier>(config, std::move(store));
-  handler_.set_tier(tier_.get());
+  SwitchableTier* down = UseSwitchableTier(SwitchableTier::kDown);
   EXPECT_FALSE(tier_->health().up());
   CreatePools();
   const SessionId s = OpenSession();
@@ -496,7 +472,7 @@ TEST_F(CacheTierTest, ADownTierIsNotAskedAndHostOperationsGoOn) {
   EXPECT_EQ(found->hits(), 2u);
   ASSERT_OK(LookupIn(s, "q", 0, 4));
   ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
-  EXPECT_EQ(down->calls.load(), 0);  // neither written to nor read from
+  EXPECT_EQ(down->calls_while_down.load(), 0);  // neither written to nor read from
   const TierCountersSnapshot c = tier_->Counters();
   EXPECT_EQ(c.writes_dropped, 2u);
   EXPECT_EQ(Pool("q").cache().CountersOf("model-a").misses, 0u);

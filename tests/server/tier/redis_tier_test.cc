@@ -101,23 +101,7 @@ class RedisTierTest : public ::testing::Test {
 
   // A command sent behind the tier's back; the reply's type.
   int RawCommand(const std::vector<std::string>& args) {
-    redisContext* c = redisConnectUnix(server_.socket_path().c_str());
-    if (c == nullptr || c->err != 0) {
-      if (c != nullptr) redisFree(c);
-      return -1;
-    }
-    std::vector<const char*> argv;
-    std::vector<size_t> lengths;
-    for (const std::string& arg : args) {
-      argv.push_back(arg.data());
-      lengths.push_back(arg.size());
-    }
-    auto* reply = static_cast<redisReply*>(redisCommandArgv(
-        c, static_cast<int>(argv.size()), argv.data(), lengths.data()));
-    const int type = reply ? reply->type : -1;
-    if (reply) freeReplyObject(reply);
-    redisFree(c);
-    return type;
+    return testing::RawRedisCommand(server_.socket_path(), args).type;
   }
 
   RedisServerProcess server_;
