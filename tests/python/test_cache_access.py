@@ -3,8 +3,10 @@ publisher's uid (and root); another user gets PermissionDenied, in a pool
 both may use. Needs root (the other user is a child process as nobody)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -40,6 +42,25 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
+def nobody_env():
+    """The environment for the other user's client: the hostkv package and
+    its stubs copied where nobody may read them (the checkout and the build
+    tree may sit under a private directory, e.g. one mktemp -d made)."""
+    root = tempfile.mkdtemp(prefix="hostkv-pytest-nobody-")
+    shutil.copytree(os.path.dirname(hostkv.__file__), os.path.join(root, "hostkv"))
+    env = dict(os.environ, PYTHONPATH=root)
+    if os.environ.get("HOSTKV_PROTO_DIR"):
+        env["HOSTKV_PROTO_DIR"] = os.path.join(root, "proto")
+        shutil.copytree(os.environ["HOSTKV_PROTO_DIR"], env["HOSTKV_PROTO_DIR"])
+    for base, dirs, files in os.walk(root):
+        os.chmod(base, 0o755)
+        for name in files:
+            os.chmod(os.path.join(base, name), 0o644)
+    yield env
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
 def daemon():
     if os.getuid() != 0:
         pytest.skip("needs root to run a client as another user")
@@ -49,13 +70,11 @@ def daemon():
     d.stop()
 
 
-def test_a_namespace_belongs_to_its_first_publishers_uid(daemon):
+def test_a_namespace_belongs_to_its_first_publishers_uid(daemon, nobody_env):
     with hostkv.Client(daemon.target, "root-engine") as c:
         c.create_pool(hostkv.mha_pool_spec("shared-cache", num_layers=1, num_kv_heads=1,
                                            head_dim=8, page_size=PAGE, capacity_tokens=64))
         c.publish("shared-cache", "root/ns", [b"root-key"], c.alloc("shared-cache", PAGE))
-        env = dict(os.environ)
-
         def as_nobody():
             os.setgroups([])
             os.setgid(NOBODY)
@@ -63,7 +82,7 @@ def test_a_namespace_belongs_to_its_first_publishers_uid(daemon):
 
         out = subprocess.run(
             [sys.executable, "-c", PROBE, daemon.target, "shared-cache", "root/ns",
-             "nobody/ns"], capture_output=True, text=True, env=env, timeout=60,
+             "nobody/ns"], capture_output=True, text=True, env=nobody_env, timeout=60,
             preexec_fn=as_nobody, cwd="/")
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout.splitlines()[-1])
