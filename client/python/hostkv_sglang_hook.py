@@ -27,6 +27,8 @@ _REMOTE = {"MHATokenToKVPoolHost": "RemoteMHATokenToKVPoolHost",
            "MLATokenToKVPoolHost": "RemoteMLATokenToKVPoolHost"}
 # Where SGLang defines its host pools (older and newer trees).
 _DEFINED_IN = ("sglang.srt.mem_cache.memory_pool_host", "sglang.srt.mem_cache.pool_host")
+# SGLang's choice of MHA host pool class (pool_host/mha.py).
+_CHOOSER = "get_mha_host_pool_cls"
 _lock = threading.Lock()
 _finder = None
 
@@ -36,13 +38,41 @@ def _is_sglangs(name, value):
             and value.__module__.startswith(_DEFINED_IN))
 
 
+def _watch_class_choice(module):
+    """Wraps SGLang's get_mha_host_pool_cls (where `module` defines it) so
+    that a model it gives SGLang's own host pool class (head_dim !=
+    v_head_dim: AsymmetricMHATokenToKVPoolHost) says so in the log: that
+    pool stays in the engine process."""
+    chooser = module.__dict__.get(_CHOOSER)
+    if (not callable(chooser) or getattr(chooser, "_hostkv_watched", False)
+            or not getattr(chooser, "__module__", "").startswith(_DEFINED_IN)):
+        return 0
+
+    def choose(device_pool, *args, **kwargs):
+        cls = chooser(device_pool, *args, **kwargs)
+        if not cls.__module__.startswith("hostkv."):
+            _log.warning(
+                "hostkv: %s (head_dim %s, v_head_dim %s) is served by SGLang's own "
+                "in-process host pool, not hostkvd: hostkvd pools have one head width "
+                "for K and V", cls.__name__, getattr(device_pool, "head_dim", "?"),
+                getattr(device_pool, "v_head_dim", "?"))
+        return cls
+
+    choose._hostkv_watched = True  # pylint: disable=protected-access
+    choose.__wrapped__ = chooser
+    setattr(module, _CHOOSER, choose)
+    return 1
+
+
 def _patch(module):
-    """Rebinds the two names in `module`; returns how many it rebound."""
+    """Rebinds the two names in `module` (and watches SGLang's class
+    chooser); returns how many names it rebound."""
     names = [name for name in _REMOTE if _is_sglangs(name, module.__dict__.get(name))]
     if names:
         from hostkv.sglang import host_pool  # pylint: disable=import-outside-toplevel
         for name in names:
             setattr(module, name, getattr(host_pool, _REMOTE[name]))
+    _watch_class_choice(module)
     return len(names)
 
 

@@ -116,17 +116,32 @@ def test_alloc_free_accounting(daemon, attention):
 
 
 def test_bad_input_raises_and_changes_nothing(daemon):
+    """Frees as SGLang's HostKVCache.free (pool_host/base.py at 39baee9e):
+    token by token, AssertionError ("Double-free detected") for a slot not
+    allocated, IndexError outside the pool; nothing freed on bad input."""
     device = DevicePool("mha", LAYERS, size=64, page_size=16)
     host = host_pool_for(daemon, device, "layer_first")
     try:
         idx = host.alloc(32)
         before = host.available_size()
-        for bad in (idx[:8], idx.flip(0), torch.tensor([10_000] * 16), torch.cat([idx[:16]] * 2)):
-            with pytest.raises(ValueError):
-                host.free(bad)
-        assert host.available_size() == before
-        host.free(idx[:16])
-        with pytest.raises(ValueError, match="did not allocate"):
+        used = lambda: host.client.get_pool_stats(host.pool_name).pools[0].used_pages
+        with pytest.raises(AssertionError, match="Double-free"):
+            host.free(torch.cat([idx[:16]] * 2))  # a slot twice in one free
+        with pytest.raises(AssertionError, match="not currently allocated"):
+            host.free(torch.cat([idx[:4], idx[-1:] + 16]))  # one slot never allocated
+        with pytest.raises(IndexError):
+            host.free(torch.tensor([10_000] * 16))
+        with pytest.raises(ValueError):
+            host.free(torch.zeros(2, 2, dtype=torch.int64))
+        assert host.available_size() == before and used() == 2
+        # Token-granular: half a page frees nothing in hostkvd, the other half does.
+        assert host.free(idx[:8]) == 8
+        assert used() == 2 and host.available_size() == before
+        with pytest.raises(AssertionError, match="not currently allocated"):
+            host.free(idx[4:12])  # 4..7 were freed already
+        assert host.free(idx[8:16].flip(0)) == 8
+        assert used() == 1 and host.available_size() == before + 16
+        with pytest.raises(AssertionError, match="not currently allocated"):
             host.free(idx[:16])  # a double free
         assert host.available_size() == before + 16
         with pytest.raises(ValueError, match="Unsupported IO backend"):
@@ -140,7 +155,7 @@ def test_bad_input_raises_and_changes_nothing(daemon):
             host.set_from_flat_data_page(int(idx[16]), torch.zeros(3, dtype=torch.bfloat16))
         with pytest.raises(ValueError, match="not allocated"):
             host.set_from_flat_data_page(0, host.get_dummy_flat_data_page())
-        assert host.client.get_pool_stats(host.pool_name).pools[0].used_pages == 1
+        assert used() == 1
     finally:
         host.close()
 
@@ -162,15 +177,36 @@ def test_set_from_flat_data_page_round_trips(daemon, layout):
         host.close()
 
 
-def test_sizing_and_errors_follow_sglang(daemon):
+def test_sizing_and_errors_follow_sglang(daemon, caplog):
+    """Sizing as pool_host/base.py at 39baee9e: host_page_num pages exactly,
+    else ratio x device (+1 page); a pool not larger than the device pool
+    is a warning, not an error."""
     device = DevicePool("mha", LAYERS, size=64, page_size=16)
-    with pytest.raises(AssertionError, match="larger than the device"):
-        host_pool_for(daemon, device, "layer_first", ratio=0.5)
+    with caplog.at_level("WARNING", logger="hostkv.sglang"):
+        small = host_pool_for(daemon, device, "layer_first", ratio=0.5)
+    assert small.size == 48 and small.page_num == 3
+    assert "smaller than the device pool" in caplog.text
+    small.close()
+    exact = RemoteMHATokenToKVPoolHost(device, 2.0, 0, 16, "page_first", True, "cpu",
+                                       "default", 9, target=daemon.target)
+    assert (exact.page_num, exact.size, exact.available_size()) == (9, 144, 144)
+    assert exact.pool.token_slots == 144
+    exact.close()
+    by_keyword = host_pool_for(daemon, device, "layer_first", host_page_num=5)
+    assert by_keyword.size == 80
+    by_keyword.close()
+    with pytest.raises(ValueError, match="must be positive"):
+        host_pool_for(daemon, device, "layer_first", host_page_num=0)
     with pytest.raises(ValueError, match="Unsupported layout"):
         host_pool_for(daemon, DevicePool("mla", LAYERS, 64, 16), "page_head")
     with pytest.raises(ValueError, match="Not enough host memory"):
         # 1 TB of host pool: past the daemon's memory budget.
         RemoteMHATokenToKVPoolHost(device, 0, 1000, 16, "layer_first", target=daemon.target)
+    with pytest.raises(NotImplementedError, match="dcp_size"):
+        host_pool_for(daemon, device, "layer_first", dcp_size=2)
+    with pytest.raises(TypeError):
+        RemoteMHATokenToKVPoolHost(device, 2.0, 0, 16, "layer_first", True, "cpu",
+                                   "default", 9, 10, target=daemon.target)
     # Older SGLang calls with four arguments (no layout): layer_first.
     old_style = RemoteMLATokenToKVPoolHost(DevicePool("mla", LAYERS, 32, 16), 2.0, 0, 16,
                                            allocator_type="default", target=daemon.target)

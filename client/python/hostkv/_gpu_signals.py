@@ -171,6 +171,34 @@ class GpuSignals:
                         self.words.data_ptr() + 8 * layer, op.signal_value,
                         _cuda_driver.CU_STREAM_WAIT_VALUE_GEQ)
 
+    def wait_value(self, layer, value, stream=None):
+        """Enqueues on `stream` a wait until layer `layer`'s word reaches
+        `value` (a signal value this engine gave a transfer:
+        TransferRequest.signal_value), before the transfer's RPC returns.
+        InvalidArgument for a layer outside the words or a value of 0."""
+        if not 0 <= layer < self.num_layers or value <= 0:
+            raise errors.InvalidArgument(
+                f"no wait for layer {layer} (of {self.num_layers}) at value {value}")
+        raw = self._raw_stream(stream)
+        with self._context.current() as driver:
+            driver.call("cuStreamWaitValue64", ctypes.c_void_p(raw),
+                        self.words.data_ptr() + 8 * layer, value,
+                        _cuda_driver.CU_STREAM_WAIT_VALUE_GEQ)
+
+    def complete_value(self, value, layer_begin, layer_end):
+        """Writes `value` into the words of layers [layer_begin, layer_end)
+        on a stream of its own, and waits for it: for a transfer whose
+        submission failed, so that streams waiting for its value go on (the
+        KV they wait for is not there). Words never decrease: later
+        transfers use larger values."""
+        raw = self._release_stream.cuda_stream
+        with self._context.current() as driver:
+            for layer in range(max(0, layer_begin), min(layer_end, self.num_layers)):
+                driver.call("cuStreamWriteValue64", ctypes.c_void_p(raw),
+                            self.words.data_ptr() + 8 * layer, value,
+                            _cuda_driver.CU_STREAM_WRITE_VALUE_DEFAULT)
+            driver.call("cuStreamSynchronize", ctypes.c_void_p(raw))
+
     def mark_kv_written(self, stream=None):
         """Enqueues on `stream` a write of the next "KV written" value and
         returns it: a transfer with wait_kv_written=<that value> starts after

@@ -57,7 +57,8 @@ def sglang_shape(pool):
         }
     else:
         g = spec.geometry.mla
-        layers, kv_dim = g.num_layers, g.kv_lora_rank + g.qk_rope_head_dim
+        layers = g.num_layers
+        kv_dim = getattr(g, "kv_cache_dim", 0) or g.kv_lora_rank + g.qk_rope_head_dim
         shapes = {
             pb.LAYOUT_LAYER_FIRST: (layers, size, 1, kv_dim),
             pb.LAYOUT_PAGE_FIRST: (size, layers, 1, kv_dim),

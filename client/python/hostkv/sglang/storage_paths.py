@@ -21,7 +21,7 @@ import logging
 from .. import cache_calls, errors, mha_pool_spec, mla_pool_spec
 from .. import client as client_module
 from . import page_copy, storage_names
-from .host_pool import _DTYPE_NAMES, RemoteHostKVCache
+from .remote_pool import _DTYPE_NAMES, RemoteHostKVCache
 
 _log = logging.getLogger("hostkv.sglang.storage")
 COPY_CALL_BYTES = 256 << 20
@@ -106,10 +106,15 @@ class LocalPoolPath:
         else:
             dims = (p.layer_num, p.kv_lora_rank, p.qk_rope_head_dim)
             make = mla_pool_spec
+        extra, named = {}, dims
+        row = getattr(p, "kv_cache_dim", None)
+        if not self.mha and row and row != p.kv_lora_rank + p.qk_rope_head_dim:
+            extra["kv_cache_dim"] = row  # SGLang's override_kv_cache_dim
+            named = dims + (row,)
         name = pool_name or storage_names.derived_pool_name(
-            "mha" if self.mha else "mla", dims, dtype, self.layout, self.page_size)
+            "mha" if self.mha else "mla", named, dtype, self.layout, self.page_size)
         return make(name, *dims, self.page_size, dtype=dtype, layout=self.layout,
-                    capacity_tokens=int(tokens))
+                    capacity_tokens=int(tokens), **extra)
 
     def _open(self, spec):
         try:
