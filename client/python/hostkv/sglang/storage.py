@@ -19,7 +19,8 @@ The controller's contract, as SGLang's own backends keep it:
 batch_exists -> how many keys from the first are stored; batch_get_v1 /
 batch_set_v1 -> one bool per key (a prefix of True: the pages that were
 loaded / are stored); get -> the filled tensor or None; set / batch_set ->
-bool; batch_get -> a list of tensors or None. Bad input (keys that are no
+bool; batch_get -> a list of tensors or None; the v2 calls of hybrid
+models (storage_v2.py). Bad input (keys that are no
 keys, host indices that are not len(keys) whole pages) raises ValueError
 (hostkv.errors.InvalidArgument); the daemon's refusals (pool full, daemon
 gone) are logged and answered False / a miss, so SGLang's storage threads
@@ -38,6 +39,7 @@ from .. import cache_calls, errors
 from .. import client as client_module
 from . import indices as idx
 from . import page_copy, storage_names, storage_paths
+from .storage_v2 import HybridPoolCalls
 
 _log = logging.getLogger("hostkv.sglang.storage")
 
@@ -70,7 +72,7 @@ def _read_token(path):
         return f.read().strip()
 
 
-class HostkvStorage(_Base):
+class HostkvStorage(HybridPoolCalls, _Base):
     """One engine rank's storage tier on hostkvd. Thread-safe (SGLang's
     prefetch, prefetch I/O and backup threads call it at once): the state
     after register_mem_pool_host is read-only and hostkv.Client is."""
