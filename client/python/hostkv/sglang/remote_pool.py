@@ -347,22 +347,22 @@ class RemoteHostKVCache:
         mark = sync.mark_kv_written()
         value = sync.signal_value()
 
+        pending = Pending(layer_begin, num_layers, value)
+
         def call():
-            host_runs, device_runs = self._runs(host, device)
-            return method(self.pool_name, self.import_id, host_runs, device_runs,
-                          layer_begin=layer_begin, layer_end=self.layer_num,
-                          mechanism=mechanism, wait_kv_written=mark,
-                          **({"signal_value": value} if value else {}))
+            try:
+                host_runs, device_runs = self._runs(host, device)
+                return method(self.pool_name, self.import_id, host_runs, device_runs,
+                              layer_begin=layer_begin, layer_end=self.layer_num,
+                              mechanism=mechanism, wait_kv_written=mark,
+                              **({"signal_value": value} if value else {}))
+            except BaseException as e:
+                if self._submitter.asynchronous and sync.failed(pending):
+                    self._failure = e  # nobody waits on the host: the next call raises it
+                raise
 
-        pending = Pending(self._submitter.submit(call), layer_begin, num_layers, value)
-        if self._submitter.asynchronous:
-            pending.future.add_done_callback(lambda f: self._settle(pending, f))
+        pending.future = self._submitter.submit(call)
         return pending
-
-    def _settle(self, pending, future):
-        error = future.exception()
-        if error is not None and self._sync.failed(pending):
-            self._failure = error  # nobody waits on the host: the next call raises it
 
     def prepare_transfer_indices(self, host_indices, device_indices, io_backend):
         """SGLang's L2 transfer engine asks once per transfer; hostkv's
