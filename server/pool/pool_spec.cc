@@ -61,13 +61,22 @@ absl::Status ResolveAttention(const v1::Geometry& geo, uint32_t item,
       const v1::MlaGeometry& m = geo.mla();
       RETURN_IF_ERROR(
           CheckRange("geometry.mla.num_layers", m.num_layers(), kMaxLayers));
-      RETURN_IF_ERROR(CheckRange("geometry.mla.kv_lora_rank + qk_rope_head_dim",
-                                 uint64_t{m.kv_lora_rank()} + m.qk_rope_head_dim(),
-                                 kMaxHeadDim));
+      // The row width: kv_cache_dim when set (SGLang's
+      // override_kv_cache_dim), else the latent and rope parts.
+      uint64_t kv_dim = m.kv_cache_dim();
+      if (kv_dim != 0) {
+        RETURN_IF_ERROR(
+            CheckRange("geometry.mla.kv_cache_dim", kv_dim, kMaxHeadDim));
+      } else {
+        kv_dim = uint64_t{m.kv_lora_rank()} + m.qk_rope_head_dim();
+        RETURN_IF_ERROR(CheckRange(
+            "geometry.mla.kv_lora_rank + qk_rope_head_dim (kv_cache_dim unset)",
+            kv_dim, kMaxHeadDim));
+      }
       g->attention = Attention::kMla;
       g->num_layers = m.num_layers();
       g->num_heads = 1;
-      g->head_bytes = (m.kv_lora_rank() + m.qk_rope_head_dim()) * item;
+      g->head_bytes = static_cast<uint32_t>(kv_dim * item);
       return absl::OkStatus();
     }
     default:

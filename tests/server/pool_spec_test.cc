@@ -1,5 +1,7 @@
 #include "server/pool/pool_spec.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -65,6 +67,58 @@ TEST(PoolSpecTest, MlaGeometry) {
   EXPECT_EQ(576u, g->token_stride());
   EXPECT_EQ(61u * 576, g->bytes_per_token());
   EXPECT_EQ(128u, g->token_slots);
+}
+
+v1::PoolSpec DsaSpec(uint32_t kv_cache_dim) {
+  v1::PoolSpec spec;
+  spec.set_name("dsa");
+  spec.mutable_geometry()->set_dtype(v1::DTYPE_FP8_E4M3);
+  auto* mla = spec.mutable_geometry()->mutable_mla();
+  mla->set_num_layers(61);
+  mla->set_kv_lora_rank(512);
+  mla->set_qk_rope_head_dim(64);
+  mla->set_kv_cache_dim(kv_cache_dim);
+  spec.set_page_size(64);
+  spec.set_layout(v1::LAYOUT_PAGE_FIRST);
+  spec.set_capacity_tokens(100);
+  return spec;
+}
+
+TEST(PoolSpecTest, MlaKvCacheDimSetsTheRowWidth) {
+  // SGLang's NSA fp8 row: 512 latent + 16 scale + 128 rope bytes.
+  auto g = ResolvePoolSpec(DsaSpec(656));
+  ASSERT_OK(g);
+  EXPECT_EQ(Attention::kMla, g->attention);
+  EXPECT_EQ(656u, g->head_bytes);
+  EXPECT_EQ(656u, g->token_stride());
+  EXPECT_EQ(61u * 656, g->bytes_per_token());
+  EXPECT_EQ(128u * 61 * 656, g->total_bytes());
+  // In elements of the dtype: bf16 doubles the bytes.
+  v1::PoolSpec bf16 = DsaSpec(656);
+  bf16.mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+  auto wide = ResolvePoolSpec(bf16);
+  ASSERT_OK(wide);
+  EXPECT_EQ(61u * 656 * 2, wide->bytes_per_token());
+  // 0 keeps kv_lora_rank + qk_rope_head_dim.
+  auto plain = ResolvePoolSpec(DsaSpec(0));
+  ASSERT_OK(plain);
+  EXPECT_EQ(61u * 576, plain->bytes_per_token());
+}
+
+TEST(PoolSpecTest, MlaKvCacheDimOutOfRangeIsRefusedByName) {
+  auto g = ResolvePoolSpec(DsaSpec(kMaxHeadDim + 1));
+  EXPECT_ERROR(InvalidArgument, g);
+  EXPECT_NE(std::string::npos,
+            g.status().message().find("geometry.mla.kv_cache_dim"))
+      << g.status();
+  EXPECT_OK(ResolvePoolSpec(DsaSpec(kMaxHeadDim)));
+  // Without kv_cache_dim the sum is bounded as before.
+  v1::PoolSpec sum = DsaSpec(0);
+  sum.mutable_geometry()->mutable_mla()->set_kv_lora_rank(kMaxHeadDim);
+  EXPECT_ERROR(InvalidArgument, ResolvePoolSpec(sum));
+  // kv_cache_dim stands in for the sum.
+  sum.mutable_geometry()->mutable_mla()->set_kv_cache_dim(656);
+  EXPECT_OK(ResolvePoolSpec(sum));
 }
 
 TEST(PoolSpecTest, RefusesBadFields) {

@@ -64,6 +64,32 @@ TEST_F(RequestHandlerTest, CreatePoolTwice) {
   EXPECT_ERROR(AlreadyExists, handler_.CreatePool(request));
 }
 
+TEST_F(RequestHandlerTest, AttachNeedsTheSameMlaRowWidth) {
+  v1::CreatePoolRequest request;
+  v1::PoolSpec& spec = *request.mutable_spec();
+  spec.set_name("dsa");
+  spec.mutable_geometry()->set_dtype(v1::DTYPE_FP8_E4M3);
+  auto* mla = spec.mutable_geometry()->mutable_mla();
+  mla->set_num_layers(2);
+  mla->set_kv_lora_rank(512);
+  mla->set_qk_rope_head_dim(64);
+  mla->set_kv_cache_dim(656);
+  spec.set_page_size(4);
+  spec.set_layout(v1::LAYOUT_PAGE_FIRST);
+  spec.set_capacity_tokens(8);
+  request.set_session_id(OpenSession());
+  request.set_attach_if_exists(true);
+  auto created = handler_.CreatePool(request);
+  ASSERT_OK(created);
+  EXPECT_EQ(2u * 656, created->bytes_per_token());
+  EXPECT_EQ(656u, created->spec().geometry().mla().kv_cache_dim());
+  EXPECT_OK(handler_.CreatePool(request));  // the same spec attaches
+  mla->set_kv_cache_dim(660);
+  EXPECT_ERROR(AlreadyExists, handler_.CreatePool(request));
+  mla->clear_kv_cache_dim();  // 576 elements: another row
+  EXPECT_ERROR(AlreadyExists, handler_.CreatePool(request));
+}
+
 TEST_F(RequestHandlerTest, PoolOverBudgetIsRefusedAndNotCreated) {
   MemoryBudget small(1000, 0, [] { return uint64_t{1} << 40; });
   PoolRegistry pools(&small, Prefix() + "small.", 1);

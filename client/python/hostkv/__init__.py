@@ -46,11 +46,19 @@ def mha_pool_spec(name, num_layers, num_kv_heads, head_dim, page_size, dtype="bf
 
 
 def mla_pool_spec(name, num_layers, kv_lora_rank, qk_rope_head_dim, page_size, dtype="bf16",
-                  layout="page_first", capacity_tokens=None, capacity_bytes=None, **extra):
-    """A PoolSpec for multi-head latent attention."""
-    geometry = pb.Geometry(mla=pb.MlaGeometry(num_layers=num_layers, kv_lora_rank=kv_lora_rank,
-                                              qk_rope_head_dim=qk_rope_head_dim),
-                           dtype=_DTYPES.get(dtype, dtype))
+                  layout="page_first", capacity_tokens=None, capacity_bytes=None,
+                  kv_cache_dim=None, **extra):
+    """A PoolSpec for multi-head latent attention.
+
+    kv_cache_dim: the row width in elements when it is not kv_lora_rank +
+    qk_rope_head_dim (SGLang's override_kv_cache_dim, e.g. 656 for DSA/NSA
+    fp8 rows; use a 1-byte dtype for uint8 rows); None leaves it unset.
+    """
+    mla = pb.MlaGeometry(num_layers=num_layers, kv_lora_rank=kv_lora_rank,
+                         qk_rope_head_dim=qk_rope_head_dim)
+    if kv_cache_dim is not None:
+        mla.kv_cache_dim = kv_cache_dim
+    geometry = pb.Geometry(mla=mla, dtype=_DTYPES.get(dtype, dtype))
     return _spec(name, geometry, page_size, layout, capacity_tokens, capacity_bytes, **extra)
 
 
