@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<CudaImportState>> CudaImportState::Create(
       return absl::InvalidArgumentError(
           "gpu_signals: the words hold values near 2^63; zero them first");
     }
-    state->last_signal_value_.store(last);
+    state->signal_values_.Start(last);
     // "KV written" is new with every import (zero: nothing written), in a
     // page the daemon owns: releasing it is a CPU store, never a stream
     // operation that could queue behind the wait it releases.

@@ -16,6 +16,7 @@
 #include "server/cuda/ipc_mappings.h"
 #include "server/transfer/gpu_backend.h"
 #include "server/transfer/kv_word_page.h"
+#include "server/transfer/signal_sequence.h"
 
 namespace hostkv {
 
@@ -41,7 +42,12 @@ class CudaImportState : public GpuImportState {
 
   int device() const override { return device_; }
   bool has_signals() const override { return signal_words_ != nullptr; }
-  uint64_t NextSignalValue() override { return ++last_signal_value_; }
+  absl::StatusOr<uint64_t> NextSignalValue() override {
+    return signal_values_.Next();
+  }
+  absl::Status ClaimSignalValue(uint64_t value) override {
+    return signal_values_.Claim(value);
+  }
   void ReleaseWaits() override;
   absl::StatusOr<ScopedFd> FetchKvWord() const override;
   // ReleaseWaits was called: "KV written" no longer means the engine wrote.
@@ -69,7 +75,7 @@ class CudaImportState : public GpuImportState {
   std::vector<IpcMappingRef> mappings_;
   uint64_t* const signal_words_;
   const uint32_t num_layers_;
-  std::atomic<uint64_t> last_signal_value_{0};
+  SignalSequence signal_values_;
   std::atomic<bool> released_{false};
   std::function<void()> on_close_;
   cudaStream_t stream_ = nullptr;

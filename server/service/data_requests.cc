@@ -132,6 +132,16 @@ absl::Status RequestHandler::CheckGpuTransfer(
     return absl::InvalidArgumentError(absl::StrCat(
         "wait_kv_written ", request.wait_kv_written(), " exceeds 2^63 - 1"));
   }
+  // A client-picked signal value: checked against the import's last value
+  // when the transfer engine enqueues it (in queue order).
+  if (request.signal_value() != 0 && (gpu == nullptr || !gpu->has_signals())) {
+    return absl::InvalidArgumentError(
+        "signal_value needs a CUDA import registered with gpu_signals");
+  }
+  if (request.signal_value() > kMaxSignalValue) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "signal_value ", request.signal_value(), " exceeds 2^63 - 1"));
+  }
   if (gpu == nullptr) return absl::OkStatus();
   const PoolPinning::Progress pin = pool.pin_progress();
   if (pin.state == v1::PIN_PINNING) {
@@ -201,6 +211,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   auto op = std::make_unique<TransferOp>();
   op->owner = owned.session->tag();
   op->wait_kv_written = request.wait_kv_written();
+  op->signal_value = request.signal_value();  // 0: Submit picks one
   // A load may read cached pages the session references; a backup writes
   // only pages the session owns.
   ASSIGN_OR_RETURN(op->host_pages,

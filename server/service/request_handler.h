@@ -223,8 +223,10 @@ class RequestHandler {
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
   // The CUDA side of a transfer: the pool is pinned, the mechanism can reach
-  // it, wait_kv_written is only used where it means something (an import
-  // with GPU signals; loads and backups).
+  // it, wait_kv_written and signal_value are only used where they mean
+  // something (an import with GPU signals; loads and backups) and are at
+  // most 2^63 - 1. Whether signal_value is above the import's last value is
+  // checked by TransferEngine::Submit.
   absl::Status CheckGpuTransfer(const v1::TransferRequest& request,
                                 const HostPool& pool, const DeviceImport& import,
                                 CopyDirection direction,

@@ -17,6 +17,7 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "proto/contract/shm_segment.h"
 #include "server/pool/slot_allocator.h"
+#include "server/transfer/signal_sequence.h"
 
 namespace hostkv {
 
@@ -76,9 +77,19 @@ class GpuImportState {
   virtual ~GpuImportState() = default;
   virtual int device() const = 0;
   virtual bool has_signals() const = 0;
-  // The value the next operation's layers will signal (1, 2, ...): called
-  // in submission order (TransferEngine::Submit).
-  virtual uint64_t NextSignalValue() = 0;
+  // The value the next operation's layers will signal: one above the last
+  // value given out or claimed (the first is one above what the words held
+  // at registration). FailedPrecondition once the last is kMaxSignalValue
+  // (SignalSequence::Next). Called in submission order
+  // (TransferEngine::Submit).
+  virtual absl::StatusOr<uint64_t> NextSignalValue() = 0;
+  // Makes `value` (a client's TransferRequest.signal_value) the last value,
+  // atomically, for the operation being submitted; NextSignalValue
+  // continues above it. Returns InvalidArgument, and changes nothing,
+  // unless `value` is above the last value and at most kMaxSignalValue
+  // (SignalSequence::Claim). REQUIRES: has_signals(); called in submission
+  // order, as NextSignalValue.
+  virtual absl::Status ClaimSignalValue(uint64_t value) = 0;
   // The session is ending or the import is unregistered: lets backups that
   // wait for "KV written" proceed so they do not block the stream forever
   // (a CPU store into the import's KvWordPage).

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "proto/contract/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
@@ -42,31 +43,44 @@ TransferEngine::~TransferEngine() {
   dispatcher_.join();
 }
 
+absl::Status TransferEngine::AssignSignalValue(TransferOp& op) {
+  GpuImportState* gpu = op.import->gpu();
+  if (gpu == nullptr || !gpu->has_signals()) {
+    if (op.signal_value == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "signal_value needs a CUDA import registered with gpu_signals");
+  }
+  if (op.signal_value != 0) return gpu->ClaimSignalValue(op.signal_value);
+  ASSIGN_OR_RETURN(op.signal_value, gpu->NextSignalValue());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> TransferEngine::Submit(
     std::unique_ptr<TransferOp> op) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    FinishOp(std::move(op), /*failed=*/true);
-    return absl::UnavailableError("the daemon is shutting down");
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    // Assigned under the queue's lock: values follow the session's queue
+    // order (an import belongs to one session), which is the order of the
+    // import's stream, so the words never decrease.
+    refused = stopping_ ? absl::UnavailableError("the daemon is shutting down")
+                        : AssignSignalValue(*op);
+    if (refused.ok()) {
+      const uint64_t signal_value = op->signal_value;
+      const OwnerTag owner = op->owner;
+      Pending pending;
+      pending.next_layer = op->layer_begin;
+      pending.seq = next_seq_++;
+      pending.op = std::move(op);
+      std::deque<Pending>& queue = queues_[owner];
+      if (queue.empty()) turns_.push_back(owner);
+      queue.push_back(std::move(pending));
+      ++queued_ops_;
+      return signal_value;
+    }
   }
-  // Assigned under the queue's lock: values follow the session's queue
-  // order (an import belongs to one session), which is the order of the
-  // import's stream, so the words never decrease.
-  GpuImportState* gpu = op->import->gpu();
-  if (gpu != nullptr && gpu->has_signals()) {
-    op->signal_value = gpu->NextSignalValue();
-  }
-  const uint64_t signal_value = op->signal_value;
-  const OwnerTag owner = op->owner;
-  Pending pending;
-  pending.next_layer = op->layer_begin;
-  pending.seq = next_seq_++;
-  pending.op = std::move(op);
-  std::deque<Pending>& queue = queues_[owner];
-  if (queue.empty()) turns_.push_back(owner);
-  queue.push_back(std::move(pending));
-  ++queued_ops_;
-  return signal_value;
+  FinishOp(std::move(op), /*failed=*/true);
+  return refused;
 }
 
 size_t TransferEngine::Abandon(OwnerTag owner) {

@@ -52,7 +52,8 @@ struct TransferOp {
   uint64_t bytes = 0;
   CopyTask task;
   // CUDA imports: the value the import's GPU signal words take after each
-  // layer (assigned by Submit), and the "KV written" value a backup waits for.
+  // layer (0 on submission: Submit assigns the next one; else the client's,
+  // which Submit claims), and the "KV written" value a transfer waits for.
   uint64_t signal_value = 0;
   uint64_t wait_kv_written = 0;
 };
@@ -89,9 +90,14 @@ class TransferEngine {
                  TransferEngineOptions options = TransferEngineOptions());
   ~TransferEngine();  // Drains, then stops.
 
-  // Enqueues `op` and returns its signal_value (0 unless it is a CUDA
-  // import with signal words). Unavailable once shutting down (the op's
-  // record is then finished as failed).
+  // Enqueues `op` and returns its signal_value: for a CUDA import with
+  // signal words op->signal_value if set (claimed, in this session's queue
+  // order, so the words never decrease), else the import's next value; 0
+  // for other imports. On error nothing is enqueued and the op's record is
+  // finished as failed: Unavailable once shutting down; InvalidArgument if
+  // op->signal_value is set and the import has no signal words, or the
+  // value is not above the import's last or exceeds kMaxSignalValue;
+  // FailedPrecondition if the import's values are used up.
   absl::StatusOr<uint64_t> Submit(std::unique_ptr<TransferOp> op)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -119,6 +125,11 @@ class TransferEngine {
 
   // FinishOp, after telling options_.on_finish.
   void Finish(std::unique_ptr<TransferOp> op, bool failed);
+
+  // Sets op.signal_value as Submit describes. Under mu_: the values follow
+  // the queue order.
+  absl::Status AssignSignalValue(TransferOp& op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void DispatchLoop();
   // Takes the next operation to serve (round-robin, loads first); nullopt

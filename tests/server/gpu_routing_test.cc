@@ -2,9 +2,10 @@
 // pool registry and the transfer engine driven against a scripted
 // GpuBackend. It checks what the daemon promises around the CUDA code:
 // pinning gates transfers and health, CUDA registrations reach the backend
-// and only it, signal values follow submission order, backups' "KV written"
-// waits are released when an import or session goes, and Unregister and
-// CloseSession wait for the import's operations.
+// and only it, signal values follow submission order (a client's own values
+// are claimed in that order, and refused unqueued unless they rise),
+// backups' "KV written" waits are released when an import or session goes,
+// and Unregister and CloseSession wait for the import's operations.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -29,6 +30,7 @@
 #include "server/transfer/gpu_op_tracker.h"
 #include "server/pool/host_pool.h"
 #include "server/transfer/kv_word_page.h"
+#include "server/transfer/signal_sequence.h"
 #include "server/service/request_handler.h"
 #include "server/transfer/transfer_engine.h"
 #include "proto/contract/status_macros.h"
@@ -83,7 +85,13 @@ class ScriptedImport : public GpuImportState {
   ~ScriptedImport() override { destroyed_->fetch_add(1); }
   int device() const override { return 0; }
   bool has_signals() const override { return true; }
-  uint64_t NextSignalValue() override { return ++last_; }
+  // The CUDA import's own sequence (SignalSequence), from 0.
+  absl::StatusOr<uint64_t> NextSignalValue() override {
+    return signal_values_.Next();
+  }
+  absl::Status ClaimSignalValue(uint64_t value) override {
+    return signal_values_.Claim(value);
+  }
   void ReleaseWaits() override {
     released_.fetch_add(1);
     kv_word_->Release();
@@ -96,7 +104,7 @@ class ScriptedImport : public GpuImportState {
 
  private:
   std::atomic<int>* const destroyed_;
-  std::atomic<uint64_t> last_{0};
+  SignalSequence signal_values_;
   const std::unique_ptr<KvWordPage> kv_word_;
 };
 
@@ -452,6 +460,99 @@ TEST_F(GpuRoutingTest, SignalValuesFollowSubmissionOrder) {
   auto session = sessions_.Get(s).value();
   session->signals()->AwaitIdle();
   EXPECT_EQ(0u, session->signals()->in_flight());
+}
+
+TEST_F(GpuRoutingTest, ClientSignalValuesAreEchoedAndReachTheBackend) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 16);
+  auto load = Transfer(s, import, 0);
+  load.set_signal_value(10);
+  auto first = handler_.Load(load);
+  ASSERT_OK(first);
+  EXPECT_EQ(10u, first->signal_value());
+  // 0 after a claimed value: the daemon picks one above it.
+  auto picked = handler_.Backup(Transfer(s, import, 1));
+  ASSERT_OK(picked);
+  EXPECT_EQ(11u, picked->signal_value());
+  auto backup = Transfer(s, import, 2);
+  backup.set_signal_value(40);  // gaps are allowed
+  auto third = handler_.Backup(backup);
+  ASSERT_OK(third);
+  EXPECT_EQ(40u, third->signal_value());
+  auto again = handler_.Load(Transfer(s, import, 3));
+  ASSERT_OK(again);
+  EXPECT_EQ(41u, again->signal_value());
+  ASSERT_TRUE(WaitUntil([this] { return gpu_.enqueued().size() >= 4; }));
+  const auto enqueued = gpu_.enqueued();
+  ASSERT_EQ(4u, enqueued.size());
+  EXPECT_EQ(10u, enqueued[0].signal_value);
+  EXPECT_EQ(11u, enqueued[1].signal_value);
+  EXPECT_EQ(40u, enqueued[2].signal_value);
+  EXPECT_EQ(41u, enqueued[3].signal_value);
+  EXPECT_EQ(first->op_id(), enqueued[0].op_id);
+  EXPECT_EQ(again->op_id(), enqueued[3].op_id);
+}
+
+TEST_F(GpuRoutingTest, ClientSignalValueNotAboveTheLastIsRefusedUnqueued) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 16);
+  auto load = Transfer(s, import, 0);
+  load.set_signal_value(5);
+  ASSERT_OK(handler_.Load(load));
+  std::shared_ptr<Session> session = sessions_.Get(s).value();
+  const uint32_t in_flight = session->signals()->in_flight();
+  EXPECT_EQ(1u, in_flight);
+  // Equal to the last value, and below it.
+  for (uint64_t value : {uint64_t{5}, uint64_t{4}, uint64_t{1}}) {
+    auto backup = Transfer(s, import, 1);
+    backup.set_signal_value(value);
+    auto refused = handler_.Backup(backup);
+    EXPECT_ERROR(InvalidArgument, refused);
+    EXPECT_NE(std::string::npos,
+              refused.status().message().find("not above the import's last "
+                                              "signal value 5"))
+        << refused.status();
+    // Its signal record is free again and its page is not held.
+    EXPECT_EQ(in_flight, session->signals()->in_flight());
+  }
+  auto too_big = Transfer(s, import, 1);
+  too_big.set_signal_value(uint64_t{1} << 63);
+  EXPECT_ERROR(InvalidArgument, handler_.Backup(too_big));
+  // The refused values changed nothing: 0 picks one above 5, and page 1
+  // (pinned by none of the refused backups) can be backed up.
+  auto next = handler_.Backup(Transfer(s, import, 1));
+  ASSERT_OK(next);
+  EXPECT_EQ(6u, next->signal_value());
+  ASSERT_TRUE(WaitUntil([this] { return gpu_.enqueued().size() >= 2; }));
+  absl::SleepFor(absl::Milliseconds(20));  // room for a wrongly queued op
+  const auto enqueued = gpu_.enqueued();
+  ASSERT_EQ(2u, enqueued.size());
+  EXPECT_EQ(5u, enqueued[0].signal_value);
+  EXPECT_EQ(6u, enqueued[1].signal_value);
+  EXPECT_EQ(next->op_id(), enqueued[1].op_id);
+}
+
+TEST_F(GpuRoutingTest, TheLargestSignalValueEndsTheImportsValues) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 8);
+  auto load = Transfer(s, import, 0);
+  load.set_signal_value(kMaxSignalValue);
+  auto last = handler_.Load(load);
+  ASSERT_OK(last);
+  EXPECT_EQ((uint64_t{1} << 63) - 1, last->signal_value());
+  // No value is above it: a picked one would pass the 2^63 bound.
+  EXPECT_ERROR(FailedPrecondition, handler_.Backup(Transfer(s, import, 1)));
+  std::shared_ptr<Session> session = sessions_.Get(s).value();
+  EXPECT_EQ(1u, session->signals()->in_flight());
 }
 
 TEST_F(GpuRoutingTest, MarkWaitsReachTheBackendForLoadsAndBackups) {

@@ -258,6 +258,14 @@ TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
   waits.set_wait_kv_written(1);
   EXPECT_ERROR(InvalidArgument, handler_.Backup(waits));
   EXPECT_ERROR(InvalidArgument, handler_.Load(waits));
+  // So are client-picked signal values.
+  auto valued = Transfer(s, import, 0, 2, 0, 8);
+  valued.set_signal_value(5);
+  auto refused = handler_.Backup(valued);
+  EXPECT_ERROR(InvalidArgument, refused);
+  EXPECT_NE(std::string::npos, refused.status().message().find("gpu_signals"))
+      << refused.status();
+  EXPECT_ERROR(InvalidArgument, handler_.Load(valued));
 
   auto request = Transfer(s, import, 0, 2, 0, 4);
   auto* dup = request.add_device_slots();

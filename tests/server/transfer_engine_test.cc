@@ -169,10 +169,11 @@ class TransferEngineTest : public ::testing::Test {
     return *rigs_.back();
   }
 
-  // Submits a copy of `tokens` tokens between host token `host` and device
-  // slot `slot` of `rig`, every layer. Returns its op id.
-  uint64_t Submit(SessionRig& rig, CopyDirection direction, uint64_t host,
-                  uint64_t slot, uint64_t tokens) {
+  // A copy of `tokens` tokens between host token `host` and device slot
+  // `slot` of `rig`, every layer, with its signal record claimed.
+  std::unique_ptr<TransferOp> MakeOp(SessionRig& rig, CopyDirection direction,
+                                     uint64_t host, uint64_t slot,
+                                     uint64_t tokens) {
     auto op = std::make_unique<TransferOp>();
     op->op_id = ++rig.next_op;
     op->owner = rig.owner;
@@ -192,8 +193,17 @@ class TransferEngineTest : public ::testing::Test {
     op->task.IndexRuns();
     op->task.direction = direction;
     op->task.mechanism = CopyMechanism::kDirect;
+    return op;
+  }
+
+  // Submits MakeOp's copy. Returns its op id.
+  uint64_t Submit(SessionRig& rig, CopyDirection direction, uint64_t host,
+                  uint64_t slot, uint64_t tokens) {
+    std::unique_ptr<TransferOp> op = MakeOp(rig, direction, host, slot, tokens);
     const uint64_t id = op->op_id;
-    EXPECT_OK(engine_->Submit(std::move(op)));
+    absl::StatusOr<uint64_t> signal_value = engine_->Submit(std::move(op));
+    EXPECT_OK(signal_value);
+    if (signal_value.ok()) EXPECT_EQ(0u, *signal_value);  // CPU imports
     return id;
   }
   uint64_t Backup(SessionRig& rig, uint64_t host, uint64_t slot, uint64_t n) {
@@ -391,6 +401,24 @@ TEST_F(TransferEngineTest, TruncatedDeviceBufferFailsOnlyThatSessionsOps) {
   EXPECT_FALSE(order[IndexOf(order, b.owner, b2)].failed);
   EXPECT_EQ(0,
             std::memcmp(b.buffer(3, 1, s), b.buffer(3, 1, s) + 100 * s, 4 * s));
+}
+
+// Client-picked signal values are for CUDA imports with signal words: a CPU
+// import's operation carrying one is refused and never queued.
+TEST_F(TransferEngineTest, ASignalValueOnACpuImportIsRefusedUnqueued) {
+  SessionRig& a = AddSession();
+  std::unique_ptr<TransferOp> op =
+      MakeOp(a, CopyDirection::kDeviceToHost, 0, 0, 4);
+  op->signal_value = 7;
+  ASSERT_EQ(1u, a.board->in_flight());
+  EXPECT_ERROR(InvalidArgument, engine_->Submit(std::move(op)));
+  EXPECT_EQ(0u, a.board->in_flight());  // its record is free again
+  EXPECT_EQ(0u, engine_->queued());
+  const uint64_t ok = Backup(a, 0, 0, 4);  // signal value 0: accepted
+  const std::vector<Finished> order = RunAll();
+  ASSERT_EQ(1u, order.size()) << "the refused operation ran";
+  EXPECT_EQ(ok, order[0].op_id);
+  EXPECT_FALSE(order[0].failed);
 }
 
 }  // namespace

@@ -449,23 +449,28 @@ class Client(CacheCalls):
         """Host pages -> device slots; returns the Operation once enqueued.
 
         Options: layer_begin, layer_end (0: every layer), mechanism,
-        wait_kv_written.
+        wait_kv_written, signal_value (0: the daemon picks; see
+        TransferRequest.signal_value).
         """
         return self._transfer(self._stub.Load, pool, import_id, host_pages, device_slots,
                               **options)
 
     def backup(self, pool, import_id, host_pages, device_slots, **options):
-        """Device slots -> host pages; returns the Operation once enqueued."""
+        """Device slots -> host pages; returns the Operation once enqueued.
+
+        Options as load's.
+        """
         return self._transfer(self._stub.Backup, pool, import_id, host_pages, device_slots,
                               **options)
 
     def _transfer(self, method, pool, import_id, host_pages, device_slots, layer_begin=0,
-                  layer_end=0, mechanism=pb.MECHANISM_UNSPECIFIED, wait_kv_written=0):
+                  layer_end=0, mechanism=pb.MECHANISM_UNSPECIFIED, wait_kv_written=0,
+                  signal_value=0):
         response = self._call(method, pb.TransferRequest(
             session_id=self.session_id, pool=pool, import_id=import_id,
             host_page_pairs=_pairs(host_pages), device_slot_pairs=_pairs(device_slots),
             layer_begin=layer_begin, layer_end=layer_end, mechanism=mechanism,
-            wait_kv_written=wait_kv_written))
+            wait_kv_written=wait_kv_written, signal_value=signal_value))
         if response.signal_index >= self._signals.slots:
             raise errors.Internal("the daemon returned a signal index out of range")
         return Operation(response.op_id, response.signal_index, response.layer_begin,
