@@ -33,6 +33,7 @@
 #include "tests/gpu/gpu_engine.h"
 #include "tests/gpu/gpu_test_fixture.h"
 #include "tests/gpu/kv_images.h"
+#include "tests/gpu/self_exec.h"
 #include "tests/gpu/spin_kernel.h"
 #include "tests/testing/status_matchers.h"
 
@@ -587,13 +588,13 @@ v1::PoolSpec KilledChildSpec() {
               kKilledPs, kKilledTokens + kKilledPs);
 }
 
-// Runs only as the child of KilledEngineLeavesTheDaemonServing.
-TEST(GpuChildEngine, StartsLargeBackupsAndWaitsToBeKilled) {
+// Runs only as the child of KilledEngineLeavesTheDaemonServing (DISABLED_:
+// not part of a normal run, where a skip would count as a failure).
+TEST(GpuChildEngine, DISABLED_StartsLargeBackupsAndWaitsToBeKilled) {
   const char* target = std::getenv(kChildTargetEnv);
   const char* ready_fd = std::getenv(kChildReadyFdEnv);
-  if (target == nullptr || ready_fd == nullptr) {
-    GTEST_SKIP() << "the child engine of KilledEngineLeavesTheDaemonServing";
-  }
+  ASSERT_TRUE(target != nullptr && ready_fd != nullptr)
+      << "the child engine of KilledEngineLeavesTheDaemonServing";
   auto e = Engine::StartOn(target, KilledChildSpec(), kKilledTokens + 3);
   ASSERT_OK(e);
   ASSERT_OK(gpu_testing::WritePatterns(
@@ -632,8 +633,8 @@ TEST_F(GpuSessionTest, KilledEngineLeavesTheDaemonServing) {
     close(ready[0]);
     setenv(kChildTargetEnv, SuiteDaemon::get()->target().c_str(), 1);
     setenv(kChildReadyFdEnv, std::to_string(ready[1]).c_str(), 1);
-    execl("/proc/self/exe", "gpu_transfer_test",
-          "--gtest_filter=GpuChildEngine.*", static_cast<char*>(nullptr));
+    gpu_testing::ExecSelf({"--gtest_also_run_disabled_tests",
+                           "--gtest_filter=GpuChildEngine.*"});
     _exit(127);
   }
   close(ready[1]);
@@ -714,6 +715,54 @@ TEST_F(GpuSessionTest, HostWaitLayerSeesALoadThatWaitsForTheMark) {
       e.cache(), gpu_testing::ExpectedCache(e.cache(), patterns, from, to,
                                             tokens, kBackground)));
   EndEngines("host-layers", {&*engine});
+}
+
+// The child re-exec those tests rely on, without a GPU: run.sh --check runs
+// SelfExec.* under the bundle's loader, where /proc/self/exe is the loader.
+TEST(SelfExec, ArgvGoesThroughTheLoaderWhenOneStartedUs) {
+  using gpu_testing::SelfExecArgv;
+  const std::vector<std::string> args = {"--gtest_filter=X.*"};
+  EXPECT_EQ(SelfExecArgv("/b/bin/t", "/b/bin/t", "", args),
+            (std::vector<std::string>{"/b/bin/t", "--gtest_filter=X.*"}));
+  EXPECT_EQ(SelfExecArgv("/b/lib/ld-linux-x86-64.so.2", "/b/bin/t", "", args),
+            (std::vector<std::string>{"/b/lib/ld-linux-x86-64.so.2",
+                                      "--library-path", "/b/lib", "/b/bin/t",
+                                      "--gtest_filter=X.*"}));
+  EXPECT_EQ(SelfExecArgv("/b/lib/ld-linux-x86-64.so.2", "/b/bin/t",
+                         "/b/lib:/usr/lib64", args)[2],
+            "/b/lib:/usr/lib64");
+}
+
+constexpr char kSelfExecFdEnv[] = "HOSTKV_SELF_EXEC_FD";
+
+TEST(SelfExecChild, DISABLED_SaysItRan) {
+  const char* fd = std::getenv(kSelfExecFdEnv);
+  ASSERT_NE(fd, nullptr);
+  ASSERT_EQ(2, write(std::atoi(fd), "ok", 2));
+}
+
+TEST(SelfExec, TheChildRunsThisBinaryAgain) {
+  int done[2];
+  ASSERT_EQ(0, pipe(done));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(done[0]);
+    setenv(kSelfExecFdEnv, std::to_string(done[1]).c_str(), 1);
+    gpu_testing::ExecSelf({"--gtest_also_run_disabled_tests",
+                           "--gtest_filter=SelfExecChild.*"});
+    _exit(127);
+  }
+  close(done[1]);
+  char said[3] = {};
+  const ssize_t n = read(done[0], said, 2);
+  close(done[0]);
+  int wstatus = 0;
+  ASSERT_EQ(child, waitpid(child, &wstatus, 0));
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+      << "the re-run child exited with " << wstatus << " (127: exec failed)";
+  EXPECT_EQ(2, n);
+  EXPECT_STREQ("ok", said);
 }
 
 }  // namespace
