@@ -37,6 +37,7 @@
 #include "hostkv/client.h"
 #include "hostkv/cuda_buffers.h"
 #include "tests/bench/bench_util.h"
+#include "tests/gpu/gpu_bench_output.h"
 #include "tests/gpu/gpu_bench_report.h"
 #include "tests/gpu/gpu_engine.h"
 
@@ -77,11 +78,20 @@ using gpu_testing::EngineKvCache;
 constexpr uint32_t kPageSize = 64;
 
 std::unique_ptr<testing::DaemonProcess> g_daemon;
+// The report so far and where it goes (set by Main), for Fail().
+Report* g_report = nullptr;
+ReportOutput* g_output = nullptr;
 
-// Stops the daemon (SIGTERM: it removes its segments) and exits at once: a
-// stream left waiting must not be synchronized by exit handlers.
+// Writes the report so far (every figure measured before the failure, and
+// the failure as a note), stops the daemon (SIGTERM: it removes its
+// segments) and exits at once: a stream left waiting must not be
+// synchronized by exit handlers.
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "hostkv_gpu_bench: %s\n", what.c_str());
+  if (g_report != nullptr && g_output != nullptr) {
+    g_report->notes.push_back("FAILED: " + what);
+    g_output->Write(*g_report);
+  }
   if (g_daemon != nullptr) {
     const std::string log = g_daemon->log();
     std::fprintf(stderr, "hostkvd log (end):\n%s\n",
@@ -459,21 +469,33 @@ void MeasureWithDaemonFlag(Report& report, const std::string& flag,
 // The settings the first GPU run is to decide: the copy kernel's block
 // count, and whether DMA batches prefer compute-overlapping copy engines.
 // Only with a hostkvd of our own (--target names one whose flags are set).
+// Each setting is skipped (and noted) once --max_seconds since `start` has
+// passed; the report is written after each.
 void SweepDaemonSettings(Report& report, uint64_t tokens, int reps,
-                         double seconds) {
+                         double seconds, Clock::time_point start,
+                         double max_seconds) {
+  std::vector<std::pair<std::string, v1::CopyMechanism>> settings;
   for (absl::string_view blocks : absl::StrSplit(
            absl::GetFlag(FLAGS_kernel_blocks), ',', absl::SkipEmpty())) {
-    std::fprintf(stderr, "kernel blocks %s\n", std::string(blocks).c_str());
-    MeasureWithDaemonFlag(report, absl::StrCat("--kernel_blocks=", blocks),
-                          kMha, v1::LAYOUT_PAGE_FIRST, v1::MECHANISM_KERNEL,
-                          tokens, reps, seconds);
+    settings.push_back({absl::StrCat("--kernel_blocks=", blocks),
+                        v1::MECHANISM_KERNEL});
   }
   if (absl::GetFlag(FLAGS_overlap_sweep)) {
     for (const char* flag :
          {"--dma_prefer_overlap=true", "--dma_prefer_overlap=false"}) {
-      MeasureWithDaemonFlag(report, flag, kMha, v1::LAYOUT_PAGE_FIRST,
-                            v1::MECHANISM_DIRECT, tokens, reps, seconds);
+      settings.push_back({flag, v1::MECHANISM_DIRECT});
     }
+  }
+  for (const auto& [flag, mechanism] : settings) {
+    if (SecondsSince(start) > max_seconds) {
+      report.notes.push_back(
+          absl::StrCat("skipped the sweep's ", flag, ": --max_seconds reached"));
+      continue;
+    }
+    std::fprintf(stderr, "sweep %s\n", flag.c_str());
+    MeasureWithDaemonFlag(report, flag, kMha, v1::LAYOUT_PAGE_FIRST, mechanism,
+                          tokens, reps, seconds);
+    g_output->Write(report);
   }
 }
 
@@ -493,6 +515,8 @@ int Main() {
   }
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
+  ReportOutput output(out);
+  output.WatchSignals();  // before CUDA or the daemon start threads
   CheckCuda(cudaSetDevice(0), "cudaSetDevice");
   CheckCuda(cudaFree(nullptr), "initializing CUDA");
   const bool quick = absl::GetFlag(FLAGS_quick);
@@ -503,6 +527,8 @@ int Main() {
   uint64_t tokens = requested;
 
   Report report;
+  g_report = &report;
+  g_output = &output;
   // One pool at a time lives in /dev/shm: lower the size until it fits.
   const uint64_t shm_free = ShmFreeBytes();
   while (tokens > 1024 && kMha.pool_bytes(tokens) > shm_free / 10 * 8)
@@ -556,6 +582,7 @@ int Main() {
   for (const Model* m : models) {
     report.baselines.push_back(MeasureBaseline(*m, tokens, reps));
   }
+  output.Write(report);
   const double case_seconds = absl::GetFlag(FLAGS_case_seconds);
   const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
   bool call_measured = false;
@@ -584,6 +611,7 @@ int Main() {
           continue;
         report.cases.push_back(
             MeasureCase(*e, timer, *m, layout, mechanism, reps, case_seconds));
+        output.Write(report);
       }
       // Measured where the copies behind the calls are quick (whole pages).
       if (!call_measured && layout == v1::LAYOUT_PAGE_FIRST_DIRECT) {
@@ -591,6 +619,7 @@ int Main() {
         report.call =
             MeasureCallCost(*e, timer, v1::MECHANISM_DIRECT, quick ? 3 : 10);
         call_measured = true;
+        output.Write(report);
       }
       // The daemon must let go of the KV cache before it is freed.
       Check(e->client->Close(), "closing the session");
@@ -603,20 +632,15 @@ int Main() {
       report.notes.push_back("skipped the kernel-block and overlap sweeps: "
                              "--max_seconds reached");
     } else {
-      SweepDaemonSettings(report, tokens, reps, case_seconds);
+      SweepDaemonSettings(report, tokens, reps, case_seconds, start,
+                          max_seconds);
     }
   }
   report.meta.push_back(
       {"duration", absl::StrCat(Num(SecondsSince(start)), " s")});
 
-  const std::string md = Markdown(report);
-  for (const auto& [file, text] :
-       {std::pair<std::string, std::string>{"gpu_bench.json", Json(report)},
-        {"gpu_bench.md", md}}) {
-    std::ofstream f(out + "/" + file);
-    f << text;
-    if (!f) Fail("cannot write " + out + "/" + file);
-  }
+  if (!output.Write(report)) Fail("cannot write the report into " + out);
+  const std::string md = output.markdown();
   if (g_daemon != nullptr) {
     std::ofstream(out + "/gpu_bench.hostkvd.log") << g_daemon->log();
   }
