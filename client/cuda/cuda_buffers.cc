@@ -97,11 +97,13 @@ absl::StatusOr<std::unique_ptr<GpuSignals>> GpuSignals::Create(
         "(cuStreamWaitValue64); wait on the host instead (Client::WaitLayer)"));
   }
   // Layer words only ("KV written" is the daemon's page); at least one
-  // word, so that there is an allocation to export.
+  // word, so that there is an allocation to export. The allocation is a
+  // whole 2 MiB of its own (kCudaIpcGranularity): no sibling shares it.
   const size_t bytes =
       std::max<size_t>(num_layers, 1) * sizeof(uint64_t);
   void* words = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&words, bytes), "cudaMalloc"));
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&words, RoundUpToIpcGranularity(bytes)),
+                             "cudaMalloc"));
   std::unique_ptr<GpuSignals> signals(
       new GpuSignals(num_layers, device, static_cast<uint64_t*>(words)));
   RETURN_IF_ERROR(CudaStatus(cudaMemset(words, 0, bytes), "cudaMemset"));

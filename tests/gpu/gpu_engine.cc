@@ -71,9 +71,13 @@ bool CudaDevicePresent(std::string* why) {
 }
 
 absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(uint64_t bytes) {
+  // Whole 2 MiB units: a buffer shared over CUDA IPC is never a sibling in
+  // a block of the driver's (see kCudaIpcGranularity).
+  const uint64_t allocated = RoundUpToIpcGranularity(bytes);
   void* p = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes),
-                             absl::StrCat("cudaMalloc of ", bytes, " bytes")));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(&p, allocated),
+      absl::StrCat("cudaMalloc of ", bytes, " bytes (", allocated, ")")));
   DeviceMemory memory;
   memory.data_ = static_cast<uint8_t*>(p);
   memory.size_ = bytes;

@@ -38,6 +38,16 @@
 
 namespace hostkv {
 
+// cudaMalloc hands out small allocations from 2 MiB blocks of the driver's,
+// and CUDA IPC shares (and a daemon opens) the whole block: memory meant for
+// export is allocated in whole 2 MiB units, one allocation per buffer, as
+// PyTorch's caching allocator does for its large blocks.
+inline constexpr uint64_t kCudaIpcGranularity = uint64_t{2} << 20;
+inline constexpr uint64_t RoundUpToIpcGranularity(uint64_t bytes) {
+  return (bytes + kCudaIpcGranularity - 1) / kCudaIpcGranularity *
+         kCudaIpcGranularity;
+}
+
 // Describes device memory [ptr, ptr + size) for RegisterDeviceBuffers: the
 // IPC handle of the allocation holding it (cudaIpcGetMemHandle), the offset
 // of ptr in that allocation (cuMemGetAddressRange), the device ordinal and

@@ -22,6 +22,8 @@ from . import _cuda_driver, errors
 from ._cuda_export import export_cuda
 
 KV_WORD_PAGE_BYTES = 4096
+# What CUDA IPC shares: whole driver blocks of 2 MiB (hostkv::kCudaIpcGranularity).
+IPC_GRANULARITY = 2 << 20
 # The largest value a wrapping GEQ wait sees as >= every signal value the
 # daemon hands out (< 2^63): what release_all() writes.
 RELEASED = (1 << 63) - 1
@@ -125,9 +127,13 @@ class GpuSignals:
                     f"device {self.device} has no 64-bit stream memory operations "
                     "(cuStreamWaitValue64); wait on the host instead (Client.wait_layer)")
             with torch.cuda.device(self.device):
-                # At least one word, so that there is an allocation to export.
-                self.words = torch.zeros(max(self.num_layers, 1), dtype=torch.int64,
-                                         device=f"cuda:{self.device}")
+                # At least one word, so that there is an allocation to
+                # export; in a 2 MiB block of its own (torch's large pool):
+                # CUDA IPC shares a whole block, and a small tensor's block
+                # holds the engine's other small tensors.
+                block = torch.zeros(IPC_GRANULARITY // 8, dtype=torch.int64,
+                                    device=f"cuda:{self.device}")
+                self.words = block[:max(self.num_layers, 1)]
                 torch.cuda.synchronize(self.device)
                 self._release_stream = torch.cuda.Stream(self.device)
             self.buffer = export_cuda(self.words)
