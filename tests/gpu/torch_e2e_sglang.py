@@ -1,7 +1,8 @@
 """The torch_e2e check's third engine: SGLang's host-pool classes
 (hostkv.sglang) over CUDA device pools, driven as HiCache's controller
-drives them: a backup on a write stream right after the KV is written (no
-host sync: the daemon's copy waits for mark_kv_written), then per-layer
+drives them: a backup on a write stream right after the KV is written, with
+CUDA index tensors (no host sync: the call returns while the late KV is
+still being written, and the daemon's copy waits for mark_kv_written), then per-layer
 loads on a load stream with an event recorded after each call, which the
 compute stream waits on before it reads the layer. Bytes compared.
 """
@@ -46,7 +47,14 @@ def check(cls, attention, layout, target):
             for t in device.planes:
                 t[:tokens].normal_()
             expected = [t[:tokens].clone() for t in device.planes]
-            host.backup_from_device_all_layer(device, host_idx, src, "kernel")
+            # As the controller's move_indices: host indices on the device too.
+            host.backup_from_device_all_layer(device, host_idx.to("cuda", non_blocking=True),
+                                              src, "kernel")
+            # Nothing in the call waited for the stream (no index copy to the
+            # host, no RPC on this thread): the late KV is still being written.
+            if write.query():
+                raise RuntimeError(f"{attention} {layout}: backup_from_device_all_layer "
+                                   "synchronized with the KV's stream")
         write.synchronize()
         for t in device.planes:
             t.fill_(7.0)
@@ -54,8 +62,10 @@ def check(cls, attention, layout, target):
         load.wait_stream(compute)  # as the controller's load stream waits on compute
         events, got = [], []
         with torch.cuda.stream(load):
+            host_idx_cuda = host_idx.to("cuda", non_blocking=True)  # move_indices
             for layer in range(device.layer_num):
-                host.load_to_device_per_layer(device, host_idx, dst, layer, "kernel")
+                host.load_to_device_per_layer(device, host_idx_cuda, dst, layer, "kernel",
+                                              is_draft=False)
                 event = torch.cuda.Event()
                 event.record()
                 events.append(event)
