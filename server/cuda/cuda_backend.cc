@@ -294,6 +294,7 @@ absl::Status CudaBackend::CheckCanCopy(const TransferOp& op,
 void CudaBackend::PublishAfterLayer(const TransferOp& op, cudaStream_t stream,
                                     uint32_t layer) {
   if (layer + 1 >= op.layer_end) return;  // the last: Finish publishes it
+  if (!op.host_layer_progress) return;    // the engine waits on the GPU only
   auto* token = new LayerToken{op.signals.get(), op.signal_index,
                                layer + 1 - op.layer_begin};
   const cudaError_t error =

@@ -138,6 +138,11 @@ absl::Status RequestHandler::CheckGpuTransfer(
     return absl::InvalidArgumentError(
         "signal_value needs a CUDA import registered with gpu_signals");
   }
+  if (request.gpu_waits_only() && (gpu == nullptr || !gpu->has_signals())) {
+    return absl::InvalidArgumentError(
+        "gpu_waits_only needs a CUDA import registered with gpu_signals (the "
+        "signal record is the only progress of other imports)");
+  }
   if (request.signal_value() > kMaxSignalValue) {
     return absl::InvalidArgumentError(absl::StrCat(
         "signal_value ", request.signal_value(), " exceeds 2^63 - 1"));
@@ -212,6 +217,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   op->owner = owned.session->tag();
   op->wait_kv_written = request.wait_kv_written();
   op->signal_value = request.signal_value();  // 0: Submit picks one
+  op->host_layer_progress = !request.gpu_waits_only();
   // A load may read cached pages the session references; a backup writes
   // only pages the session owns.
   ASSIGN_OR_RETURN(op->host_pages,

@@ -223,9 +223,9 @@ class RequestHandler {
   absl::StatusOr<v1::TransferResponse> Transfer(
       const v1::TransferRequest& request, CopyDirection direction);
   // The CUDA side of a transfer: the pool is pinned, the mechanism can reach
-  // it, wait_kv_written and signal_value are only used where they mean
-  // something (an import with GPU signals; loads and backups) and are at
-  // most 2^63 - 1. Whether signal_value is above the import's last value is
+  // it, wait_kv_written, signal_value and gpu_waits_only are only used where
+  // they mean something (an import with GPU signals; loads and backups), the
+  // values at most 2^63 - 1. Whether signal_value is above the import's last value is
   // checked by TransferEngine::Submit.
   absl::Status CheckGpuTransfer(const v1::TransferRequest& request,
                                 const HostPool& pool, const DeviceImport& import,

@@ -56,6 +56,10 @@ struct TransferOp {
   // which Submit claims), and the "KV written" value a transfer waits for.
   uint64_t signal_value = 0;
   uint64_t wait_kv_written = 0;
+  // Publish each layer's progress to the signal record as it is copied
+  // (false: only at the end; TransferRequest.gpu_waits_only, CUDA imports
+  // with signal words).
+  bool host_layer_progress = true;
 };
 
 // Ends an operation: unpins its pages, drops it (and with it the import and

@@ -151,7 +151,8 @@ class ScriptedBackend : public GpuBackend {
     {
       absl::MutexLock lock(&mu_);
       enqueued_.push_back({op->op_id, op->signal_value, op->wait_kv_written,
-                           op->signals->cancelled(), op->task.direction});
+                           op->signals->cancelled(), op->task.direction,
+                           op->host_layer_progress});
     }
     entry->op = std::move(op);
     const uint64_t id = tracker_.Add(std::move(entry));
@@ -221,6 +222,7 @@ class ScriptedBackend : public GpuBackend {
     uint64_t wait_kv_written;
     bool cancelled;
     CopyDirection direction;
+    bool host_layer_progress;
   };
   std::vector<Enqueued> enqueued() {
     absl::MutexLock lock(&mu_);
@@ -494,6 +496,24 @@ TEST_F(GpuRoutingTest, ClientSignalValuesAreEchoedAndReachTheBackend) {
   EXPECT_EQ(41u, enqueued[3].signal_value);
   EXPECT_EQ(first->op_id(), enqueued[0].op_id);
   EXPECT_EQ(again->op_id(), enqueued[3].op_id);
+}
+
+// gpu_waits_only: the backend is told to publish no per-layer host
+// progress (CudaBackend then launches no host callback per layer).
+TEST_F(GpuRoutingTest, GpuWaitsOnlyReachesTheBackend) {
+  CreatePool("p");
+  gpu_.pinning(0)->Finish(true);
+  const SessionId s = OpenSession();
+  const uint64_t import = Register(s);
+  Alloc(s, 16);
+  auto quiet = Transfer(s, import, 0);
+  quiet.set_gpu_waits_only(true);
+  ASSERT_OK(handler_.Load(quiet));
+  ASSERT_OK(handler_.Backup(Transfer(s, import, 1)));
+  ASSERT_TRUE(WaitUntil([this] { return gpu_.enqueued().size() >= 2; }));
+  const auto enqueued = gpu_.enqueued();
+  EXPECT_FALSE(enqueued[0].host_layer_progress);
+  EXPECT_TRUE(enqueued[1].host_layer_progress);
 }
 
 TEST_F(GpuRoutingTest, ClientSignalValueNotAboveTheLastIsRefusedUnqueued) {

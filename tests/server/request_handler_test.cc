@@ -266,6 +266,14 @@ TEST_F(RequestHandlerTest, TransferValidatesEveryField) {
   EXPECT_NE(std::string::npos, refused.status().message().find("gpu_signals"))
       << refused.status();
   EXPECT_ERROR(InvalidArgument, handler_.Load(valued));
+  // And waits on the GPU only: a CPU import's record is its only progress.
+  auto quiet = Transfer(s, import, 0, 2, 0, 8);
+  quiet.set_gpu_waits_only(true);
+  auto refused_quiet = handler_.Load(quiet);
+  EXPECT_ERROR(InvalidArgument, refused_quiet);
+  EXPECT_NE(std::string::npos,
+            refused_quiet.status().message().find("gpu_waits_only"))
+      << refused_quiet.status();
 
   auto request = Transfer(s, import, 0, 2, 0, 4);
   auto* dup = request.add_device_slots();

@@ -450,7 +450,9 @@ class Client(CacheCalls):
 
         Options: layer_begin, layer_end (0: every layer), mechanism,
         wait_kv_written, signal_value (0: the daemon picks; see
-        TransferRequest.signal_value).
+        TransferRequest.signal_value), gpu_waits_only (CUDA imports with GPU
+        signals: no per-layer host progress; wait_layer then returns once
+        the whole operation is done).
         """
         return self._transfer(self._stub.Load, pool, import_id, host_pages, device_slots,
                               **options)
@@ -465,12 +467,13 @@ class Client(CacheCalls):
 
     def _transfer(self, method, pool, import_id, host_pages, device_slots, layer_begin=0,
                   layer_end=0, mechanism=pb.MECHANISM_UNSPECIFIED, wait_kv_written=0,
-                  signal_value=0):
+                  signal_value=0, gpu_waits_only=False):
         response = self._call(method, pb.TransferRequest(
             session_id=self.session_id, pool=pool, import_id=import_id,
             host_page_pairs=_pairs(host_pages), device_slot_pairs=_pairs(device_slots),
             layer_begin=layer_begin, layer_end=layer_end, mechanism=mechanism,
-            wait_kv_written=wait_kv_written, signal_value=signal_value))
+            wait_kv_written=wait_kv_written, signal_value=signal_value,
+            gpu_waits_only=gpu_waits_only))
         if response.signal_index >= self._signals.slots:
             raise errors.Internal("the daemon returned a signal index out of range")
         return Operation(response.op_id, response.signal_index, response.layer_begin,

@@ -5,7 +5,9 @@ place; backups start after mark_kv_written on the current stream.
 
 Nothing here blocks the calling thread: the pool picks each transfer's
 signal value itself (TransferRequest.signal_value, increasing per import)
-and enqueues the waits at once, while its submitter thread makes the RPC;
+and enqueues the waits at once, while its submitter thread makes the RPC
+(with gpu_waits_only: nothing on the host waits per layer, so the daemon
+launches no per-layer host callback on its stream);
 CUDA index tensors reach the host by a non-blocking copy into pinned memory
 that the submitter thread waits for (HostIndicesCopy).
 """

@@ -352,10 +352,10 @@ class RemoteHostKVCache:
         def call():
             try:
                 host_runs, device_runs = self._runs(host, device)
+                gpu = {"signal_value": value, "gpu_waits_only": True} if value else {}
                 return method(self.pool_name, self.import_id, host_runs, device_runs,
                               layer_begin=layer_begin, layer_end=self.layer_num,
-                              mechanism=mechanism, wait_kv_written=mark,
-                              **({"signal_value": value} if value else {}))
+                              mechanism=mechanism, wait_kv_written=mark, **gpu)
             except BaseException as e:
                 if self._submitter.asynchronous and sync.failed(pending):
                     self._failure = e  # nobody waits on the host: the next call raises it
