@@ -269,14 +269,21 @@ class OpTimer {
   // synchronize the device after it.
   Timing Run(Engine& e, bool load, v1::CopyMechanism mechanism,
              bool every_layer, uint32_t layer_end = 0) {
+    return Run(e, e.pages, e.slots, load, mechanism, every_layer, layer_end);
+  }
+  // The same for some of the engine's pages and slots.
+  Timing Run(Engine& e, const std::vector<PageRange>& pages,
+             const std::vector<SlotRange>& slots, bool load,
+             v1::CopyMechanism mechanism, bool every_layer,
+             uint32_t layer_end = 0) {
     TransferOptions options;
     options.mechanism = mechanism;
     options.layer_end = layer_end;
     CheckCuda(cudaEventRecord(events_[0], stream_.get()), "cudaEventRecord");
     const Clock::time_point t0 = Clock::now();
     absl::StatusOr<Operation> op =
-        load ? e.client->Load(e.pool, e.import_id, e.pages, e.slots, options)
-             : e.client->Backup(e.pool, e.import_id, e.pages, e.slots, options);
+        load ? e.client->Load(e.pool, e.import_id, pages, slots, options)
+             : e.client->Backup(e.pool, e.import_id, pages, slots, options);
     Timing t;
     t.call_us = bench::NanosBetween(t0, Clock::now()) / 1e3;
     t.status = op.status();
@@ -407,6 +414,34 @@ CallCost MeasureCallCost(Engine& e, OpTimer& timer, v1::CopyMechanism mechanism,
     for (int i = 0; i < 10; ++i) c.get_pool_us.Add(get_pool());
   }
   return c;
+}
+
+// Loads of 1, 4 and 16 pages (every layer waited for on the engine's
+// stream): the call to the first layer usable on the GPU, `reps` times each.
+std::vector<SmallLoad> MeasureSmallLoads(Engine& e, OpTimer& timer,
+                                         v1::CopyMechanism mechanism, int reps) {
+  std::vector<SmallLoad> out;
+  std::vector<uint64_t> pages;
+  for (const PageRange& r : e.pages) {
+    for (uint64_t p = 0; p < r.num_pages; ++p) pages.push_back(r.first_page + p);
+  }
+  for (uint32_t n : {1u, 4u, 16u}) {
+    if (n > pages.size() || n > e.slots.size()) break;
+    std::vector<PageRange> host;
+    for (uint32_t i = 0; i < n; ++i) host.push_back({pages[i], 1});
+    const std::vector<SlotRange> slots(e.slots.begin(), e.slots.begin() + n);
+    SmallLoad s;
+    s.pages = n;
+    for (int i = 0; i < reps + 3; ++i) {
+      const Timing t = timer.Run(e, host, slots, true, mechanism, true);
+      Check(t.status, absl::StrCat("a load of ", n, " pages"));
+      if (i < 3) continue;  // warm-up
+      s.first_layer_us.Add(t.layer_ms.front() * 1e3);
+      s.call_us.Add(t.call_us);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -619,6 +654,10 @@ int Main() {
         report.call =
             MeasureCallCost(*e, timer, v1::MECHANISM_DIRECT, quick ? 3 : 10);
         call_measured = true;
+        output.Write(report);
+        std::fprintf(stderr, "  small loads\n");
+        report.small_loads =
+            MeasureSmallLoads(*e, timer, v1::MECHANISM_DIRECT, quick ? 10 : 50);
         output.Write(report);
       }
       // The daemon must let go of the KV cache before it is freed.

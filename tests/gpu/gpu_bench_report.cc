@@ -1,5 +1,7 @@
 #include "tests/gpu/gpu_bench_report.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -74,6 +76,22 @@ std::string Json(const Report& r) {
         c.backup_gbps / b.d2h_gbps, c.load_call_us, c.backup_call_us,
         c.load_reps, c.backup_reps, JsonString(c.error), layers);
   }
+  out +=
+      "\n## Per-layer loads\n\nWhen each layer was usable on the engine's "
+      "stream, ms from the event before the Load call (medians):\n\n"
+      "| model | layout | mechanism | layers | layer 0 | 1/4 | 1/2 | 3/4 | "
+      "last | ms per later layer |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n";
+  for (const CaseResult& c : r.cases) {
+    const size_t n = c.layer_ms.size();
+    if (n == 0) continue;
+    const auto at = [&](size_t i) { return Num(c.layer_ms[std::min(i, n - 1)]); };
+    absl::StrAppend(&out, "| ", c.model, " | ", c.layout, " | ", c.mechanism,
+                    " | ", n, " | ", at(0), " | ", at(n / 4), " | ", at(n / 2),
+                    " | ", at(3 * n / 4), " | ", at(n - 1), " | ",
+                    n > 1 ? Num((c.layer_ms[n - 1] - c.layer_ms[0]) / (n - 1))
+                          : "-",
+                    " |\n");
+  }
   const CallCost& k = r.call;
   absl::StrAppendFormat(
       &out,
@@ -86,6 +104,20 @@ std::string Json(const Report& r) {
       k.get_pool_us.Median() > 0 ? k.load_us.Median() / k.get_pool_us.Median()
                                  : 0,
       static_cast<int>(k.load_us.size()));
+  std::string small;
+  for (size_t i = 0; i < r.small_loads.size(); ++i) {
+    const SmallLoad& s = r.small_loads[i];
+    absl::StrAppendFormat(
+        &small,
+        "%s{\"pages\": %d, \"first_layer_p50_us\": %.2f, "
+        "\"first_layer_p99_us\": %.2f, \"call_p50_us\": %.2f, "
+        "\"samples\": %d}",
+        i ? ", " : "", s.pages, s.first_layer_us.Median(),
+        s.first_layer_us.Percentile(99), s.call_us.Median(),
+        static_cast<int>(s.first_layer_us.size()));
+  }
+  out.insert(out.size() - std::string("  \"notes\": [").size(),
+             absl::StrCat("  \"small_loads\": [", small, "],\n"));
   for (size_t i = 0; i < r.notes.size(); ++i) {
     absl::StrAppend(&out, i ? ", " : "", JsonString(r.notes[i]));
   }
@@ -133,6 +165,22 @@ std::string Markdown(const Report& r) {
                     get_pool > 0 ? Num(c.load_call_us / get_pool) : "-", " | ",
                     c.load_reps, "/", c.backup_reps, " |\n");
   }
+  out +=
+      "\n## Per-layer loads\n\nWhen each layer was usable on the engine's "
+      "stream, ms from the event before the Load call (medians):\n\n"
+      "| model | layout | mechanism | layers | layer 0 | 1/4 | 1/2 | 3/4 | "
+      "last | ms per later layer |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n";
+  for (const CaseResult& c : r.cases) {
+    const size_t n = c.layer_ms.size();
+    if (n == 0) continue;
+    const auto at = [&](size_t i) { return Num(c.layer_ms[std::min(i, n - 1)]); };
+    absl::StrAppend(&out, "| ", c.model, " | ", c.layout, " | ", c.mechanism,
+                    " | ", n, " | ", at(0), " | ", at(n / 4), " | ", at(n / 2),
+                    " | ", at(3 * n / 4), " | ", at(n - 1), " | ",
+                    n > 1 ? Num((c.layer_ms[n - 1] - c.layer_ms[0]) / (n - 1))
+                          : "-",
+                    " |\n");
+  }
   const CallCost& k = r.call;
   absl::StrAppend(
       &out,
@@ -143,6 +191,21 @@ std::string Markdown(const Report& r) {
       get_pool > 0 ? Num(k.load_us.Median() / get_pool) : "-",
       " |\n| GetPool (bare RPC, same daemon) | ", Num(get_pool), " | ",
       Num(k.get_pool_us.Percentile(90)), " | 1 |\n");
+  if (!r.small_loads.empty()) {
+    absl::StrAppend(
+        &out,
+        "\n## Small loads: call to first layer usable on the GPU\n\n"
+        "| pages | first layer p50 us | p99 us | x GetPool p50 | Load call "
+        "p50 us | samples |\n|--:|--:|--:|--:|--:|--:|\n");
+    for (const SmallLoad& s : r.small_loads) {
+      absl::StrAppend(
+          &out, "| ", s.pages, " | ", Num(s.first_layer_us.Median()), " | ",
+          Num(s.first_layer_us.Percentile(99)), " | ",
+          get_pool > 0 ? Num(s.first_layer_us.Median() / get_pool) : "-",
+          " | ", Num(s.call_us.Median()), " | ", s.first_layer_us.size(),
+          " |\n");
+    }
+  }
   if (!r.notes.empty()) {
     out += "\nNotes:\n\n";
     for (const std::string& n : r.notes) absl::StrAppend(&out, "- ", n, "\n");

@@ -38,11 +38,21 @@ struct CallCost {
   uint64_t runs = 0;  // device runs in each Load request
 };
 
+// Small loads (a few pages, every layer): from an event before the Load
+// call to the event after the engine's stream passed its wait for layer 0,
+// timed on the GPU: when the first layer is usable.
+struct SmallLoad {
+  uint32_t pages = 0;
+  bench::Samples first_layer_us;
+  bench::Samples call_us;  // the RPC's wall time
+};
+
 struct Report {
   std::vector<std::pair<std::string, std::string>> meta;
   std::vector<Baseline> baselines;
   std::vector<CaseResult> cases;
   CallCost call;
+  std::vector<SmallLoad> small_loads;
   std::vector<std::string> notes;
 
   // The baseline of `model` (the first one if none matches).
