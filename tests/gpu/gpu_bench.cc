@@ -40,6 +40,7 @@
 #include "tests/gpu/gpu_bench_output.h"
 #include "tests/gpu/gpu_bench_report.h"
 #include "tests/gpu/gpu_engine.h"
+#include "tests/gpu/spin_kernel.h"
 
 ABSL_FLAG(std::string, out, "",
           "directory for gpu_bench.json and gpu_bench.md");
@@ -267,6 +268,14 @@ class OpTimer {
 
   // A stream that never passes its waits is fatal (Fail): nothing could
   // synchronize the device after it.
+  // From now on, each Run first launches a kernel on `stream` that keeps
+  // every SM busy for `ms` (the engine's compute beside the copies); null:
+  // none.
+  void SetBusy(cudaStream_t stream, double ms) {
+    busy_stream_ = stream;
+    busy_ms_ = ms;
+  }
+
   Timing Run(Engine& e, bool load, v1::CopyMechanism mechanism,
              bool every_layer, uint32_t layer_end = 0) {
     return Run(e, e.pages, e.slots, load, mechanism, every_layer, layer_end);
@@ -279,6 +288,10 @@ class OpTimer {
     TransferOptions options;
     options.mechanism = mechanism;
     options.layer_end = layer_end;
+    if (busy_stream_ != nullptr) {
+      CheckCuda(gpu_testing::LaunchBusyKernel(busy_ms_, 0, busy_stream_),
+                "the compute kernel beside the copies");
+    }
     CheckCuda(cudaEventRecord(events_[0], stream_.get()), "cudaEventRecord");
     const Clock::time_point t0 = Clock::now();
     absl::StatusOr<Operation> op =
@@ -315,6 +328,8 @@ class OpTimer {
  private:
   CudaStream stream_;
   std::vector<cudaEvent_t> events_;
+  cudaStream_t busy_stream_ = nullptr;
+  double busy_ms_ = 0;
 };
 
 // Repeats `run` after one warm-up: `reps` times, or fewer (at least 2) once
@@ -479,10 +494,12 @@ std::string Today() {
 
 // Cases measured against a hostkvd started with `flag` (a setting that is
 // a daemon flag, so each value needs a daemon of its own), labelled with it.
+// With `busy_ms` > 0, each transfer runs beside a kernel that keeps every
+// SM busy that long, on another stream of the engine ("under load").
 void MeasureWithDaemonFlag(Report& report, const std::string& flag,
                            const Model& m, v1::Layout layout,
                            v1::CopyMechanism mechanism, uint64_t tokens,
-                           int reps, double seconds) {
+                           int reps, double seconds, double busy_ms) {
   std::vector<std::string> args = {
       "--log_level=warning",
       absl::StrCat("--memory_budget=", (m.pool_bytes(tokens) >> 20) + 1024,
@@ -492,9 +509,13 @@ void MeasureWithDaemonFlag(Report& report, const std::string& flag,
       Check(gpu_testing::StartCudaDaemon(args, absl::Seconds(45)),
             "starting hostkvd " + flag);
   OpTimer timer(m.layers);
+  CudaStream compute = Check(CudaStream::Create(), "compute stream");
+  if (busy_ms > 0) timer.SetBusy(compute.get(), busy_ms);
   std::unique_ptr<Engine> e = StartEngine(daemon->target(), m, layout, tokens);
   CaseResult r = MeasureCase(*e, timer, m, layout, mechanism, reps, seconds);
-  r.mechanism = absl::StrCat(r.mechanism, " ", flag);
+  CheckCuda(cudaStreamSynchronize(compute.get()), "the compute stream");
+  r.mechanism = absl::StrCat(r.mechanism, " ", flag,
+                             busy_ms > 0 ? " under load" : "");
   report.cases.push_back(std::move(r));
   Check(e->client->Close(), "closing the session");
   DeletePool(daemon->target(), e->pool);
@@ -508,7 +529,7 @@ void MeasureWithDaemonFlag(Report& report, const std::string& flag,
 // passed; the report is written after each.
 void SweepDaemonSettings(Report& report, uint64_t tokens, int reps,
                          double seconds, Clock::time_point start,
-                         double max_seconds) {
+                         double max_seconds, double busy_ms) {
   std::vector<std::pair<std::string, v1::CopyMechanism>> settings;
   for (absl::string_view blocks : absl::StrSplit(
            absl::GetFlag(FLAGS_kernel_blocks), ',', absl::SkipEmpty())) {
@@ -521,16 +542,21 @@ void SweepDaemonSettings(Report& report, uint64_t tokens, int reps,
       settings.push_back({flag, v1::MECHANISM_DIRECT});
     }
   }
-  for (const auto& [flag, mechanism] : settings) {
-    if (SecondsSince(start) > max_seconds) {
-      report.notes.push_back(
-          absl::StrCat("skipped the sweep's ", flag, ": --max_seconds reached"));
-      continue;
+  // Each setting on an idle GPU, then beside the engine's compute (the
+  // question the sweeps exist for: what copies cost a running model).
+  for (const double busy : {0.0, busy_ms}) {
+    for (const auto& [flag, mechanism] : settings) {
+      const char* load = busy > 0 ? " under load" : "";
+      if (SecondsSince(start) > max_seconds) {
+        report.notes.push_back(absl::StrCat("skipped the sweep's ", flag, load,
+                                            ": --max_seconds reached"));
+        continue;
+      }
+      std::fprintf(stderr, "sweep %s%s\n", flag.c_str(), load);
+      MeasureWithDaemonFlag(report, flag, kMha, v1::LAYOUT_PAGE_FIRST,
+                            mechanism, tokens, reps, seconds, busy);
+      g_output->Write(report);
     }
-    std::fprintf(stderr, "sweep %s\n", flag.c_str());
-    MeasureWithDaemonFlag(report, flag, kMha, v1::LAYOUT_PAGE_FIRST, mechanism,
-                          tokens, reps, seconds);
-    g_output->Write(report);
   }
 }
 
@@ -671,8 +697,13 @@ int Main() {
       report.notes.push_back("skipped the kernel-block and overlap sweeps: "
                              "--max_seconds reached");
     } else {
+      // The compute kernel spans a whole transfer: twice the contiguous
+      // memcpy of the same bytes, plus 5 ms.
+      const Baseline& mha = report.BaselineFor(kMha.label);
+      const double busy_ms =
+          mha.h2d_gbps > 0 ? 2e3 * mha.bytes / (mha.h2d_gbps * 1e9) + 5 : 50;
       SweepDaemonSettings(report, tokens, reps, case_seconds, start,
-                          max_seconds);
+                          max_seconds, busy_ms);
     }
   }
   report.meta.push_back(

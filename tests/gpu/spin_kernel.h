@@ -16,6 +16,11 @@ namespace hostkv::gpu_testing {
 cudaError_t LaunchSpinKernel(double milliseconds, int device,
                              cudaStream_t stream);
 
+// The same with every SM's thread slots taken (two blocks of 1024 threads
+// per SM): a stand-in for an engine's compute running beside the copies.
+cudaError_t LaunchBusyKernel(double milliseconds, int device,
+                             cudaStream_t stream);
+
 }  // namespace hostkv::gpu_testing
 
 #endif  // HOSTKV_TESTS_GPU_SPIN_KERNEL_H_
