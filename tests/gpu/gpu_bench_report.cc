@@ -50,9 +50,11 @@ std::string Json(const Report& r) {
         &out,
         "%s\n    {\"model\": %s, \"bytes\": %d, \"memcpy_h2d_gbps\": %.3f, "
         "\"memcpy_d2h_gbps\": %.3f, \"layer_bytes\": %d, "
-        "\"memcpy_layer_h2d_ms\": %.4f}",
+        "\"memcpy_layer_h2d_ms\": %.4f, \"scatter_pieces\": %d, "
+        "\"scatter_kernel_h2d_gbps\": %.3f, \"scatter_batch_h2d_gbps\": %.3f}",
         i ? "," : "", JsonString(b.model), b.bytes, b.h2d_gbps, b.d2h_gbps,
-        b.layer_bytes, b.layer_h2d_ms);
+        b.layer_bytes, b.layer_h2d_ms, b.pieces, b.scatter_kernel_h2d_gbps,
+        b.scatter_batch_h2d_gbps);
   }
   out += "\n  ],\n  \"cases\": [";
   for (size_t i = 0; i < r.cases.size(); ++i) {
@@ -136,10 +138,16 @@ std::string Markdown(const Report& r) {
       "baseline is one contiguous cudaMemcpyAsync of the same bytes between "
       "pinned host memory and the device, in this process, in this run.\n\n"
       "## Baselines\n\n| model | bytes | memcpy H2D GB/s | memcpy D2H GB/s | "
-      "one layer H2D ms |\n|---|--:|--:|--:|--:|\n";
+      "one layer H2D ms | scatter pieces | scatter kernel H2D GB/s | "
+      "scatter cudaMemcpyBatchAsync H2D GB/s |\n"
+      "|---|--:|--:|--:|--:|--:|--:|--:|\n";
   for (const Baseline& b : r.baselines) {
     absl::StrAppend(&out, "| ", b.model, " | ", b.bytes, " | ", Num(b.h2d_gbps),
-                    " | ", Num(b.d2h_gbps), " | ", Num(b.layer_h2d_ms), " |\n");
+                    " | ", Num(b.d2h_gbps), " | ", Num(b.layer_h2d_ms), " | ",
+                    b.pieces, " | ", Num(b.scatter_kernel_h2d_gbps), " | ",
+                    b.scatter_batch_h2d_gbps > 0 ? Num(b.scatter_batch_h2d_gbps)
+                                                 : "-",
+                    " |\n");
   }
   const double get_pool = r.call.get_pool_us.Median();
   out +=

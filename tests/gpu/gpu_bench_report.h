@@ -18,6 +18,12 @@ struct Baseline {
   std::string model;
   uint64_t bytes = 0, layer_bytes = 0;
   double h2d_gbps = 0, d2h_gbps = 0, layer_h2d_ms = 0;
+  // The same bytes in the pieces of a per-layer load (one page of one
+  // layer of one plane each, device pages shuffled), all layers, H2D, in
+  // this process: a trivial copy kernel, and cudaMemcpyBatchAsync (0: the
+  // driver has none).
+  uint64_t pieces = 0;
+  double scatter_kernel_h2d_gbps = 0, scatter_batch_h2d_gbps = 0;
 };
 
 // One (model, layout, mechanism) through hostkvd; medians of the

@@ -23,7 +23,7 @@ std::string Read(const std::string& path) {
 Report OneCase() {
   Report r;
   r.meta = {{"gpu", "test"}};
-  r.baselines.push_back({"MHA", 1 << 20, 1 << 18, 40, 40, 0.01});
+  r.baselines.push_back({"MHA", 1 << 20, 1 << 18, 40, 40, 0.01, 1024, 30, 0});
   CaseResult c;
   c.model = "MHA";
   c.layout = "PAGE_FIRST";
@@ -46,6 +46,8 @@ TEST(GpuBenchReport, HasThePerLayerAndSmallLoadSections) {
   const Report r = OneCase();
   const std::string md = Markdown(r);
   EXPECT_NE(std::string::npos, md.find("## Per-layer loads"));
+  // The scatter baselines, "-" where the driver has no batch copies.
+  EXPECT_NE(std::string::npos, md.find("| 0.010 | 1024 | 30.0 | - |")) << md;
   // layers 5: layer 0, 1/4 (index 1), 1/2 (2), 3/4 (3), last; 0.1 ms per later layer
   EXPECT_NE(std::string::npos,
             md.find("| MHA | PAGE_FIRST | KERNEL | 5 | 0.100 | 0.200 | 0.300 | 0.400 | "
