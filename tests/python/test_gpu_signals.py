@@ -39,6 +39,18 @@ class FakeDriver:
 
 
 class FakeWords:
+    """torch.zeros on the GPU: its size, and views of its first words."""
+
+    allocated = []  # the element counts of every allocation
+
+    def __init__(self, size):
+        self.size = size
+        FakeWords.allocated.append(size)
+
+    def __getitem__(self, index):
+        assert isinstance(index, slice) and (index.start or 0) == 0
+        return self  # a view from the first word: the same address
+
     def data_ptr(self):
         return WORDS
 
@@ -51,7 +63,7 @@ def fake_torch():
         current_stream=lambda *a: types.SimpleNamespace(cuda_stream=STREAM),
         stream=lambda s: contextlib.nullcontext())
     return types.SimpleNamespace(cuda=cuda, int64="int64", __version__="fake",
-                                 zeros=lambda *a, **k: FakeWords())
+                                 zeros=lambda size, **k: FakeWords(size))
 
 
 class FakeClient:
@@ -91,6 +103,31 @@ def test_wait_layer_waits_geq_on_the_layer_word(driver):
         (STREAM, WORDS + 16, 5, _cuda_driver.CU_STREAM_WAIT_VALUE_GEQ),
         (0x77, WORDS + 8, 6, _cuda_driver.CU_STREAM_WAIT_VALUE_GEQ)]
     assert not driver.named("cuCtxPushCurrent")  # the primary context was current
+
+
+def test_words_sit_in_a_2_mib_block_of_their_own(driver):
+    FakeWords.allocated.clear()
+    _gpu_signals.GpuSignals(3)
+    assert FakeWords.allocated == [_gpu_signals.IPC_GRANULARITY // 8]
+    assert _gpu_signals.IPC_GRANULARITY == 2 << 20
+
+
+def test_a_picked_value_is_waited_for_and_completed_on_the_words(driver):
+    """The pool's own signal values (TransferRequest.signal_value): the wait
+    goes on the stream before the RPC returns; a failed submission writes
+    its value into the layers' words on the release stream."""
+    signals = _gpu_signals.GpuSignals(3)
+    signals.wait_value(1, 12)
+    assert driver.named("cuStreamWaitValue64") == [
+        (STREAM, WORDS + 8, 12, _cuda_driver.CU_STREAM_WAIT_VALUE_GEQ)]
+    for layer, value in ((3, 1), (0, 0)):
+        with pytest.raises(hostkv.errors.InvalidArgument):
+            signals.wait_value(layer, value)
+    signals.complete_value(12, 1, 3)
+    assert driver.named("cuStreamWriteValue64") == [
+        (0x5151, WORDS + 8, 12, _cuda_driver.CU_STREAM_WRITE_VALUE_DEFAULT),
+        (0x5151, WORDS + 16, 12, _cuda_driver.CU_STREAM_WRITE_VALUE_DEFAULT)]
+    assert driver.named("cuStreamSynchronize") == [(0x5151,)]
 
 
 def test_wait_layer_refuses_what_op_does_not_cover(driver):
