@@ -24,7 +24,42 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
   }
 };
 
+// %& in a pattern: the message with control characters escaped, so that a
+// client's string (a client_name, a namespace) cannot forge log lines.
+class EscapedMessageFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const std::string escaped =
+        LogEscape(absl::string_view(msg.payload.data(), msg.payload.size()));
+    dest.append(escaped.data(), escaped.data() + escaped.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<EscapedMessageFlag>();
+  }
+};
+
 }  // namespace
+
+std::string LogEscape(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += absl::StrFormat("\\x%02x", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 bool WarningThrottle::Allow(uint64_t* held_back) {
   const absl::Time now = absl::Now();
@@ -73,7 +108,12 @@ absl::Status SetUpLogging(const std::string& level, const std::string& format) {
     formatter->add_flag<JsonMessageFlag>('*').set_pattern(
         R"({"time":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","msg":"%*"})");
     spdlog::set_formatter(std::move(formatter));
-  } else if (format != "text") {
+  } else if (format == "text") {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<EscapedMessageFlag>('&').set_pattern(
+        "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %&");
+    spdlog::set_formatter(std::move(formatter));
+  } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--log_format: '", format, "' is not text or json"));
   }

@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -20,6 +21,11 @@ absl::Status SetUpLogging(const std::string& level, const std::string& format);
 
 // `text` escaped for a JSON string.
 std::string JsonEscape(const std::string& text);
+
+// `text` with its control characters escaped (\n, \r, \t, \xNN): what the
+// text log prints of a message, so that no client-supplied string in it
+// (client_name, namespace, a status message quoting them) starts a line.
+std::string LogEscape(absl::string_view text);
 
 // Keeps a warning that a client can trigger at will (a refused token, a
 // refused stream) from flooding the log: one per `period`. Thread-safe.
