@@ -78,22 +78,6 @@ std::string Json(const Report& r) {
         c.backup_gbps / b.d2h_gbps, c.load_call_us, c.backup_call_us,
         c.load_reps, c.backup_reps, JsonString(c.error), layers);
   }
-  out +=
-      "\n## Per-layer loads\n\nWhen each layer was usable on the engine's "
-      "stream, ms from the event before the Load call (medians):\n\n"
-      "| model | layout | mechanism | layers | layer 0 | 1/4 | 1/2 | 3/4 | "
-      "last | ms per later layer |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n";
-  for (const CaseResult& c : r.cases) {
-    const size_t n = c.layer_ms.size();
-    if (n == 0) continue;
-    const auto at = [&](size_t i) { return Num(c.layer_ms[std::min(i, n - 1)]); };
-    absl::StrAppend(&out, "| ", c.model, " | ", c.layout, " | ", c.mechanism,
-                    " | ", n, " | ", at(0), " | ", at(n / 4), " | ", at(n / 2),
-                    " | ", at(3 * n / 4), " | ", at(n - 1), " | ",
-                    n > 1 ? Num((c.layer_ms[n - 1] - c.layer_ms[0]) / (n - 1))
-                          : "-",
-                    " |\n");
-  }
   const CallCost& k = r.call;
   absl::StrAppendFormat(
       &out,

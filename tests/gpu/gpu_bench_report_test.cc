@@ -1,6 +1,7 @@
 // hostkv_gpu_bench's report without a GPU: the Markdown and JSON carry
 // every section the first GPU run must bring back, and ReportOutput keeps
 // what was measured when the run is cut short.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -59,6 +60,9 @@ TEST(GpuBenchReport, HasThePerLayerAndSmallLoadSections) {
   EXPECT_NE(std::string::npos, json.find("\"small_loads\": [{\"pages\": 4"))
       << json;
   EXPECT_NE(std::string::npos, json.find("\"notes\": []")) << json;
+  // JSON only: no Markdown section leaked into it.
+  EXPECT_EQ(std::string::npos, json.find("## ")) << json;
+  EXPECT_EQ('{', json.front());
 }
 
 TEST(GpuBenchReport, OutputKeepsTheLastReportWhenInterrupted) {
@@ -79,6 +83,11 @@ TEST(GpuBenchReport, OutputKeepsTheLastReportWhenInterrupted) {
   EXPECT_NE(std::string::npos,
             Read(dir + "/gpu_bench.json").find("\"interrupted by SIGTERM\""));
   EXPECT_FALSE(std::filesystem::exists(dir + "/gpu_bench.md.tmp"));
+  // The JSON is JSON (python3's parser; every machine that runs CI has it).
+  const std::string parse =
+      "python3 -c 'import json, sys; json.load(open(sys.argv[1]))' " + dir +
+      "/gpu_bench.json";
+  EXPECT_EQ(0, std::system(parse.c_str())) << Read(dir + "/gpu_bench.json");
   EXPECT_FALSE(ReportOutput("/nonexistent-dir/x").Write(r));
   std::filesystem::remove_all(dir);
 }
