@@ -10,34 +10,26 @@
 namespace hostkv {
 namespace {
 
-// %* in a pattern: the message, escaped for a JSON string.
-class JsonMessageFlag : public spdlog::custom_flag_formatter {
- public:
-  void format(const spdlog::details::log_msg& msg, const std::tm&,
-              spdlog::memory_buf_t& dest) override {
-    const std::string escaped =
-        JsonEscape(std::string(msg.payload.data(), msg.payload.size()));
-    dest.append(escaped.data(), escaped.data() + escaped.size());
-  }
-  std::unique_ptr<custom_flag_formatter> clone() const override {
-    return std::make_unique<JsonMessageFlag>();
-  }
-};
-
-// %& in a pattern: the message with control characters escaped, so that a
-// client's string (a client_name, a namespace) cannot forge log lines.
+// A pattern flag printing the message through `Escape`: %* for JSON
+// (JsonEscape), %& for text (LogEscape: a client's string cannot start a
+// line).
+template <std::string (*Escape)(absl::string_view)>
 class EscapedMessageFlag : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
     const std::string escaped =
-        LogEscape(absl::string_view(msg.payload.data(), msg.payload.size()));
+        Escape(absl::string_view(msg.payload.data(), msg.payload.size()));
     dest.append(escaped.data(), escaped.data() + escaped.size());
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
     return std::make_unique<EscapedMessageFlag>();
   }
 };
+
+std::string JsonEscapeView(absl::string_view text) {
+  return JsonEscape(std::string(text));
+}
 
 }  // namespace
 
@@ -105,12 +97,12 @@ absl::Status SetUpLogging(const std::string& level, const std::string& format) {
   spdlog::set_level(parsed);
   if (format == "json") {
     auto formatter = std::make_unique<spdlog::pattern_formatter>();
-    formatter->add_flag<JsonMessageFlag>('*').set_pattern(
+    formatter->add_flag<EscapedMessageFlag<JsonEscapeView>>('*').set_pattern(
         R"({"time":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","msg":"%*"})");
     spdlog::set_formatter(std::move(formatter));
   } else if (format == "text") {
     auto formatter = std::make_unique<spdlog::pattern_formatter>();
-    formatter->add_flag<EscapedMessageFlag>('&').set_pattern(
+    formatter->add_flag<EscapedMessageFlag<LogEscape>>('&').set_pattern(
         "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %&");
     spdlog::set_formatter(std::move(formatter));
   } else {
