@@ -84,17 +84,16 @@ std::string Json(const Report& r) {
       "\n  ],\n  \"call_cost\": {\"runs\": %d, \"load_p50_us\": %.2f, "
       "\"load_p90_us\": %.2f, \"get_pool_p50_us\": %.2f, "
       "\"get_pool_p90_us\": %.2f, \"ratio_p50\": %.3f, \"samples\": %d},\n"
-      "  \"notes\": [",
+      "  \"small_loads\": [",
       k.runs, k.load_us.Median(), k.load_us.Percentile(90),
       k.get_pool_us.Median(), k.get_pool_us.Percentile(90),
       k.get_pool_us.Median() > 0 ? k.load_us.Median() / k.get_pool_us.Median()
                                  : 0,
       static_cast<int>(k.load_us.size()));
-  std::string small;
   for (size_t i = 0; i < r.small_loads.size(); ++i) {
     const SmallLoad& s = r.small_loads[i];
     absl::StrAppendFormat(
-        &small,
+        &out,
         "%s{\"pages\": %d, \"first_layer_p50_us\": %.2f, "
         "\"first_layer_p99_us\": %.2f, \"call_p50_us\": %.2f, "
         "\"samples\": %d}",
@@ -102,8 +101,7 @@ std::string Json(const Report& r) {
         s.first_layer_us.Percentile(99), s.call_us.Median(),
         static_cast<int>(s.first_layer_us.size()));
   }
-  out.insert(out.size() - std::string("  \"notes\": [").size(),
-             absl::StrCat("  \"small_loads\": [", small, "],\n"));
+  out += "],\n  \"notes\": [";
   for (size_t i = 0; i < r.notes.size(); ++i) {
     absl::StrAppend(&out, i ? ", " : "", JsonString(r.notes[i]));
   }

@@ -44,11 +44,6 @@ class Submission:
             raise self._error
         return self._result
 
-    def exception(self, timeout=None):
-        if self._done is not None:
-            self._done.wait(timeout)
-        return self._error
-
 
 class Pending:
     """A submitted load or backup: its layers, the signal value the pool
