@@ -1,7 +1,9 @@
 // The file tier end to end: daemons ("nodes") sharing one directory, pages
 // published on one found on another (bytes compared), a truncated value
-// file refused; and daemons given a --tier they cannot open.
+// file refused; and daemons given a --tier they cannot open (or must not:
+// a root others can write).
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <string>
@@ -41,8 +43,7 @@ class FileTierE2eTest : public ::testing::Test {
          std::filesystem::recursive_directory_iterator(dir_)) {
       const std::string name = entry.path().filename().string();
       if (entry.is_regular_file() && absl::StartsWith(name, "k-") &&
-          name.size() == 2 + suffix.size() &&
-          absl::EndsWith(name, suffix)) {
+          name.size() == 2 + suffix.size() && absl::EndsWith(name, suffix)) {
         return entry.path().string();
       }
     }
@@ -96,6 +97,21 @@ TEST(BadTierTest, DaemonExitsWithTheReason) {
                                       "--tier=file:/nonexistent/tier"},
                                      &log));
   EXPECT_NE(std::string::npos, log.find("/nonexistent/tier")) << log;
+}
+
+// A tier root others can write is refused (they could swap a tenant's
+// directory for a symlink); the daemon says which mode and what to run.
+TEST_F(FileTierE2eTest, DaemonRefusesARootOthersCanWrite) {
+  const std::string root = dir_ + "/open-to-all";
+  ASSERT_EQ(0, mkdir(root.c_str(), 0700));
+  ASSERT_EQ(0, chmod(root.c_str(), 0777));
+  std::string log;
+  EXPECT_NE(
+      0, DaemonProcess::RunToExit(
+             {"--listen=unix:/tmp/hostkv-badtier.sock", "--tier=file:" + root},
+             &log));
+  EXPECT_TRUE(absl::StrContains(log, root + " has mode 0777")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "chmod 0700 " + root)) << log;
 }
 
 }  // namespace

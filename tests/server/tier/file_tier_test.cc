@@ -3,20 +3,30 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/page_format.h"
 #include "server/tier/tier_value.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {
@@ -72,6 +82,47 @@ void ListFiles(const std::string& path, std::vector<std::string>* out) {
   ::closedir(d);
 }
 
+// The permission bits of `path` itself (not of what a symlink names); -1
+// if it is not there.
+int ModeOf(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Sets the umask for its lifetime.
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
+  ~ScopedUmask() { ::umask(old_); }
+
+ private:
+  const mode_t old_;
+};
+
+// What spdlog's default logger writes while it lives.
+class ScopedLogCapture {
+ public:
+  ScopedLogCapture()
+      : old_(spdlog::default_logger()),
+        sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    spdlog::set_default_logger(
+        std::make_shared<spdlog::logger>("file_tier_test", sink_));
+  }
+  ~ScopedLogCapture() { spdlog::set_default_logger(old_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  const std::shared_ptr<spdlog::logger> old_;
+  const std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
 class FileTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -81,7 +132,7 @@ class FileTierTest : public ::testing::Test {
     ASSERT_NE(nullptr, ::mkdtemp(pattern.data()));
     parent_ = pattern;
     root_ = parent_ + "/root";
-    ASSERT_EQ(0, ::mkdir(root_.c_str(), 0755));
+    ASSERT_EQ(0, ::mkdir(root_.c_str(), 0700));
     auto tier = FileTier::Open(root_);
     ASSERT_OK(tier);
     tier_ = std::move(*tier);
@@ -386,6 +437,245 @@ TEST_F(FileTierTest, RootRemovedAfterOpenGivesErrors) {
   EXPECT_ERROR(NotFound, GetOne(*tier_, {"ns", "k"}));
   EXPECT_EQ(0u, *tier_->CountPrefix({TierKey{"ns", "k"}}));
   EXPECT_OK(tier_->Delete({TierKey{"ns", "k"}}));
+}
+
+std::string DirOf(const std::string& path) {
+  return path.substr(0, path.rfind('/'));
+}
+
+// What the tier makes is the daemon's alone, whatever the umask: a umask
+// of 0 would have left 0777/0666 for others, one of 0777 nothing for us.
+TEST_F(FileTierTest, DirectoriesAre0700AndFiles0600WhateverTheUmask) {
+  for (const mode_t mask : {0000, 0022, 0277, 0777}) {
+    SCOPED_TRACE(absl::StrFormat("umask 0%o", mask));
+    const TierKey key{absl::StrFormat("umask-%o", mask), "\x12\x34"};
+    const std::string value = FramedPage(mask % 4, 7);
+    {
+      ScopedUmask umask(mask);
+      ASSERT_OK(PutOne(*tier_, key, value));
+    }
+    const std::string file = tier_->PathOf(key);
+    EXPECT_EQ(0600, ModeOf(file));
+    EXPECT_EQ(0700, ModeOf(DirOf(file)));
+    EXPECT_EQ(0700, ModeOf(DirOf(DirOf(file))));
+    EXPECT_EQ(value, *GetOne(*tier_, key));
+  }
+  // A replaced value is a new file: 0600 too.
+  const TierKey key{"umask-0", "\x12\x34"};
+  ASSERT_EQ(0, ::chmod(tier_->PathOf(key).c_str(), 0644));
+  {
+    ScopedUmask umask(0);
+    ASSERT_OK(PutOne(*tier_, key, "again"));
+  }
+  EXPECT_EQ(0600, ModeOf(tier_->PathOf(key)));
+  EXPECT_EQ("again", *GetOne(*tier_, key));
+  EXPECT_EQ(0700, ModeOf(root_));  // the root is the operator's: untouched
+}
+
+// Without root's CAP_DAC_OVERRIDE, a directory made under umask 0777 (mode
+// 0) could not even be opened by its maker: the tier gives it 0700 first.
+// Run in a child as uid/gid 65534 when the test runs as root.
+TEST(FileTierUnprivilegedTest, Umask0777WorksForAPlainUser) {
+  const pid_t pid = ::fork();
+  ASSERT_LE(0, pid);
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      std::_Exit(77);
+    }
+    char dir[] = "/tmp/file_tier_test_user.XXXXXX";
+    if (::mkdtemp(dir) == nullptr) std::_Exit(3);
+    int rc = 0;
+    {
+      ::umask(0777);
+      auto tier = FileTier::Open(dir);
+      if (!tier.ok()) std::_Exit(4);
+      const TierKey key{"ns", "k"};
+      const absl::string_view v = "value";
+      if (!(*tier)->Put({key}, {v}).at(0).ok()) rc = 5;
+      auto got = (*tier)->Get({key}).at(0);
+      if (rc == 0 && (!got.ok() || *got != "value")) rc = 6;
+      const std::string file = (*tier)->PathOf(key);
+      if (rc == 0 && (ModeOf(file) != 0600 || ModeOf(DirOf(file)) != 0700 ||
+                      ModeOf(DirOf(DirOf(file))) != 0700)) {
+        rc = 7;
+      }
+    }
+    RemoveTree(dir);
+    std::_Exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(pid, ::waitpid(pid, &status, 0));
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == 77) {
+    std::printf("not run: could not become uid 65534\n");  // no GTEST_SKIP:
+    return;  // ctest would mark the whole binary skipped
+  }
+  // 4: Open failed, 5: Put, 6: Get, 7: a mode.
+  EXPECT_EQ(0, WEXITSTATUS(status));
+}
+
+TEST_F(FileTierTest, OpenRefusesARootGroupOrOthersCanWrite) {
+  for (const mode_t mode : {0777, 0770, 0720, 0702, 01777, 0775}) {
+    const std::string dir = absl::StrFormat("%s/open-%o", parent_, mode);
+    ASSERT_EQ(0, ::mkdir(dir.c_str(), 0700));
+    ASSERT_EQ(0, ::chmod(dir.c_str(), mode));
+    auto r = FileTier::Open(dir);
+    EXPECT_ERROR(FailedPrecondition, r);
+    const std::string message(r.status().message());
+    EXPECT_TRUE(absl::StrContains(
+        message, absl::StrFormat("%s has mode 0%o", dir, mode)))
+        << message;
+    EXPECT_TRUE(absl::StrContains(message, "chmod 0700 " + dir)) << message;
+    // Through a symlink to it, the same.
+    const std::string link = dir + ".link";
+    ASSERT_EQ(0, ::symlink(dir.c_str(), link.c_str()));
+    EXPECT_ERROR(FailedPrecondition, FileTier::Open(link));
+    // Fixed as the message says: opens.
+    ASSERT_EQ(0, ::chmod(dir.c_str(), 0700));
+    EXPECT_OK(FileTier::Open(dir));
+  }
+}
+
+TEST_F(FileTierTest, OpenWarnsAboutARootOthersCanRead) {
+  const std::string dir = parent_ + "/readable";
+  ASSERT_EQ(0, ::mkdir(dir.c_str(), 0700));
+  ASSERT_EQ(0, ::chmod(dir.c_str(), 0755));
+  {
+    ScopedLogCapture log;
+    EXPECT_OK(FileTier::Open(dir));
+    EXPECT_TRUE(absl::StrContains(log.text(), dir + " has mode 0755"))
+        << log.text();
+    EXPECT_TRUE(absl::StrContains(log.text(), "chmod 0700 " + dir))
+        << log.text();
+  }
+  ASSERT_EQ(0, ::chmod(dir.c_str(), 0701));  // search only: still a warning
+  {
+    ScopedLogCapture log;
+    EXPECT_OK(FileTier::Open(dir));
+    EXPECT_TRUE(absl::StrContains(log.text(), "mode 0701")) << log.text();
+  }
+  ASSERT_EQ(0, ::chmod(dir.c_str(), 0700));
+  {
+    ScopedLogCapture log;
+    EXPECT_OK(FileTier::Open(dir));
+    EXPECT_EQ("", log.text());
+  }
+}
+
+// The root's own name may be a symlink (the operator's choice).
+TEST_F(FileTierTest, RootMayBeASymlink) {
+  const std::string link = parent_ + "/root-link";
+  ASSERT_EQ(0, ::symlink(root_.c_str(), link.c_str()));
+  auto tier = FileTier::Open(link);
+  ASSERT_OK(tier);
+  EXPECT_EQ("file:" + link, (*tier)->Describe());
+  const TierKey key{"ns", "via-link"};
+  ASSERT_OK(PutOne(**tier, key, "v"));
+  EXPECT_EQ("v", ReadFile(tier_->PathOf(key)));
+  EXPECT_EQ("v", *GetOne(*tier_, key));
+}
+
+// A user who could write the root swaps a namespace's directory for a
+// symlink to a directory of their choosing: nothing is read from it or
+// written into it.
+TEST_F(FileTierTest, NamespaceDirectorySymlinkIsNeverFollowed) {
+  const TierKey a{"ns", "a"}, b{"ns", "b"};
+  const std::string value = FramedPage(0, 2);
+  ASSERT_OK(PutOne(*tier_, a, value));
+  const std::string ns_dir = DirOf(DirOf(tier_->PathOf(a)));
+  const std::string elsewhere = parent_ + "/elsewhere";
+  ASSERT_EQ(0, ::rename(ns_dir.c_str(), elsewhere.c_str()));
+  ASSERT_EQ(0, ::symlink(elsewhere.c_str(), ns_dir.c_str()));
+  const std::string target_file = elsewhere + "/61/k-61";
+  ASSERT_EQ(value, ReadFile(target_file));  // a valid value, through it
+
+  auto got = GetOne(*tier_, a);
+  EXPECT_ERROR(DataLoss, got);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "symbolic link"))
+      << got.status();
+  EXPECT_EQ(0u, *tier_->CountPrefix({a}));
+  const absl::Status put = PutOne(*tier_, b, value);
+  EXPECT_ERROR(Unavailable, put);
+  EXPECT_TRUE(absl::StrContains(put.message(), "symbolic link")) << put;
+  EXPECT_ERROR(DataLoss, tier_->Delete({a}));
+
+  // The target holds what it held: one file, the same bytes.
+  std::vector<std::string> files;
+  ListFiles(elsewhere, &files);
+  EXPECT_EQ(std::vector<std::string>{target_file}, files);
+  EXPECT_EQ(value, ReadFile(target_file));
+  EXPECT_EQ(-1, ModeOf(elsewhere + "/62"));
+}
+
+TEST_F(FileTierTest, FanDirectorySymlinkIsNeverFollowed) {
+  const TierKey a{"ns", "a1"}, b{"ns", "a2"};  // both in fan "61"
+  const std::string value = FramedPage(1, 3);
+  ASSERT_OK(PutOne(*tier_, a, value));
+  const std::string fan_dir = DirOf(tier_->PathOf(a));
+  ASSERT_EQ(fan_dir, DirOf(tier_->PathOf(b)));
+  const std::string elsewhere = parent_ + "/fan-elsewhere";
+  ASSERT_EQ(0, ::rename(fan_dir.c_str(), elsewhere.c_str()));
+  ASSERT_EQ(0, ::symlink(elsewhere.c_str(), fan_dir.c_str()));
+
+  EXPECT_ERROR(DataLoss, GetOne(*tier_, a));
+  EXPECT_EQ(0u, *tier_->CountPrefix({a}));
+  EXPECT_ERROR(Unavailable, PutOne(*tier_, b, value));
+  EXPECT_ERROR(DataLoss, tier_->Delete({a}));
+  std::vector<std::string> files;
+  ListFiles(elsewhere, &files);
+  EXPECT_EQ(std::vector<std::string>{elsewhere + "/k-6131"}, files);
+  EXPECT_EQ(value, ReadFile(elsewhere + "/k-6131"));
+  // Other fans of the namespace still work.
+  ASSERT_OK(PutOne(*tier_, {"ns", "z"}, value));
+  EXPECT_EQ(value, *GetOne(*tier_, {"ns", "z"}));
+}
+
+// A value file that is a symlink to a valid value file elsewhere (another
+// tenant's, say) is not served, not counted; a Put replaces the link, not
+// what it names, and a Delete removes the link.
+TEST_F(FileTierTest, ValueFileSymlinkIsNotServed) {
+  const TierKey victim{"victim", "v"}, key{"ns", "k"};
+  const std::string secret = FramedPage(2, 4);
+  ASSERT_OK(PutOne(*tier_, victim, secret));
+  ASSERT_OK(PutOne(*tier_, {"ns", "k-other"}, "x"));  // makes the fan dir
+  const std::string link = tier_->PathOf(key);
+  const std::string target = tier_->PathOf(victim);
+  ASSERT_EQ(0, ::symlink(target.c_str(), link.c_str()));
+
+  auto got = GetOne(*tier_, key);
+  EXPECT_ERROR(DataLoss, got);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "symbolic link"))
+      << got.status();
+  EXPECT_EQ(0u, *tier_->CountPrefix({key}));
+
+  ASSERT_OK(PutOne(*tier_, key, "mine"));
+  EXPECT_EQ("mine", *GetOne(*tier_, key));
+  EXPECT_EQ(secret, ReadFile(target));
+  EXPECT_EQ(0600, ModeOf(link));  // a real file now
+
+  ASSERT_EQ(0, ::unlink(link.c_str()));
+  ASSERT_EQ(0, ::symlink(target.c_str(), link.c_str()));
+  ASSERT_OK(tier_->Delete({key}));
+  EXPECT_EQ(-1, ModeOf(link));
+  EXPECT_EQ(secret, *GetOne(*tier_, victim));
+}
+
+// A FIFO where a value goes must not block Get (open is O_NONBLOCK).
+TEST_F(FileTierTest, FifoValueIsDataLossWithoutBlocking) {
+  const TierKey key{"ns", "fifo"};
+  ASSERT_OK(PutOne(*tier_, {"ns", "fifo-other"}, "x"));  // same fan dir
+  const std::string path = tier_->PathOf(key);
+  ASSERT_EQ(0, ::mkfifo(path.c_str(), 0600));
+  auto result = std::async(std::launch::async,
+                           [&] { return GetOne(*tier_, key).status(); });
+  if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    // Unblock the reader, so that the test ends.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+    FAIL() << "Get blocked on a FIFO";
+  }
+  EXPECT_ERROR(DataLoss, result.get());
+  EXPECT_EQ(0u, *tier_->CountPrefix({key}));
 }
 
 }  // namespace
