@@ -67,9 +67,7 @@ absl::Status NamespaceOwners::CheckUseLocked(const std::string& pool,
                                              absl::string_view name_space,
                                              const NamespaceOwner& owner,
                                              const Principal& who) const {
-  if (who.root() || sharing_.kind == CacheSharing::Kind::kAny) {
-    return absl::OkStatus();
-  }
+  if (sharing_.kind == CacheSharing::Kind::kAny) return absl::OkStatus();
   if (owner.unverified) {
     if (!who.peer.has_value()) return absl::OkStatus();
   } else if (who.peer.has_value()) {
@@ -98,8 +96,9 @@ absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
   if (claimed >= max_per_uid_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         Describe(owner), " already publishes in ", claimed,
-        " cache namespaces of pool '", pool,
-        "', the most --max_cache_namespaces_per_uid allows"));
+        " cache namespaces (of all pools), the most "
+        "--max_cache_namespaces_per_uid allows; pool '", pool,
+        "' gets no new one"));
   }
   ++claimed;
   owners_.emplace(std::string(name_space), owner);
@@ -121,6 +120,25 @@ std::optional<NamespaceOwner> NamespaceOwners::OwnerOf(
   auto it = owners_.find(name_space);
   if (it == owners_.end()) return std::nullopt;
   return it->second;
+}
+
+std::string NamespaceOwners::ScopeOf(const NamespaceOwner& owner) const {
+  if (sharing_.kind == CacheSharing::Kind::kAny) return "any";
+  return owner.unverified ? std::string("unverified")
+                          : absl::StrCat("u", owner.uid);
+}
+
+std::string NamespaceOwners::TierScope(absl::string_view name_space,
+                                       const Principal& claimant) const {
+  std::optional<NamespaceOwner> owner = OwnerOf(name_space);
+  return ScopeOf(owner.has_value() ? *owner : OwnerFor(claimant));
+}
+
+std::optional<std::string> NamespaceOwners::TierScopeOf(
+    absl::string_view name_space) const {
+  std::optional<NamespaceOwner> owner = OwnerOf(name_space);
+  if (!owner.has_value()) return std::nullopt;
+  return ScopeOf(*owner);
 }
 
 size_t NamespaceOwners::size() const {

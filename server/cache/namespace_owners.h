@@ -1,9 +1,11 @@
-// Who may publish and look up in the namespaces of a pool's page cache
-// (README, "Trust model"). A cached page is served to every session that
-// names its key, so a key is a claim about the bytes: a namespace belongs
-// to the uid whose session first published in it, and only that uid (and
-// root) may publish or look up there, unless the daemon shares namespaces
-// with a group or with everyone (--cache_share).
+// Who may publish and look up in the page cache's namespaces (README,
+// "Trust model"). A cached page is served to every session that names its
+// key, so a key is a claim about the bytes: a namespace belongs to the uid
+// whose session first published in it, in any pool of the daemon (one
+// NamespaceOwners per daemon), and only that uid may publish or look up
+// there, unless the daemon shares namespaces with a group or with everyone
+// (--cache_share). Root is no exception: a namespace another user claimed
+// first would serve that user's bytes to a root engine.
 #ifndef HOSTKV_SERVER_CACHE_NAMESPACE_OWNERS_H_
 #define HOSTKV_SERVER_CACHE_NAMESPACE_OWNERS_H_
 
@@ -45,8 +47,9 @@ struct NamespaceOwner {
 // Thread-safe.
 class NamespaceOwners {
  public:
-  // `max_per_uid`: namespaces one owner may claim in this cache (the cache
-  // tells at most kMaxCacheNamespaces apart: no user may take them all).
+  // `max_per_uid`: namespaces one owner may claim in this daemon (a pool's
+  // cache tells at most kMaxCacheNamespaces apart: no user may take them
+  // all).
   NamespaceOwners(CacheSharing sharing, uint32_t max_per_uid);
 
   // For a publish: claims `name_space` for `who` if nobody owns it yet
@@ -55,12 +58,24 @@ class NamespaceOwners {
   absl::Status ClaimOrCheck(const std::string& pool, absl::string_view name_space,
                             const Principal& who) ABSL_LOCKS_EXCLUDED(mu_);
   // For a lookup: OK if nobody owns it (nothing is cached there) or `who`
-  // may use it (root, the owner, or as --cache_share says); else
-  // PermissionDenied saying whose it is.
+  // may use it (the owner, or as --cache_share says); else PermissionDenied
+  // saying whose it is.
   absl::Status CheckUse(const std::string& pool, absl::string_view name_space,
                         const Principal& who) const ABSL_LOCKS_EXCLUDED(mu_);
 
   std::optional<NamespaceOwner> OwnerOf(absl::string_view name_space) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whose values a storage tier holds for `name_space` (tier_keys.h): its
+  // owner's ("u<uid>", "unverified"), or, if nobody owns it yet, those of
+  // `claimant`, who would own it by publishing; "any" when the daemon
+  // shares every namespace with everyone (--cache_share=any). Tags never
+  // contain ':'.
+  std::string TierScope(absl::string_view name_space,
+                        const Principal& claimant) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The scope of an owned namespace; nullopt if nobody owns it.
+  std::optional<std::string> TierScopeOf(absl::string_view name_space) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Namespaces claimed.
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -71,6 +86,7 @@ class NamespaceOwners {
                               const NamespaceOwner& owner,
                               const Principal& who) const;
   static NamespaceOwner OwnerFor(const Principal& who);
+  std::string ScopeOf(const NamespaceOwner& owner) const;
   static uint64_t OwnerKey(const NamespaceOwner& owner);
 
   const CacheSharing sharing_;

@@ -79,8 +79,11 @@ HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
         ZeroPages(geometry_, segment_.data(), run);
       }),
       cache_(std::move(cache)),
-      namespaces_(std::make_unique<NamespaceOwners>(
-          cache_options.sharing, cache_options.max_namespaces_per_uid)) {
+      namespaces_(cache_options.namespaces != nullptr
+                      ? cache_options.namespaces
+                      : std::make_shared<NamespaceOwners>(
+                            cache_options.sharing,
+                            cache_options.max_namespaces_per_uid)) {
   scrubber_ = std::make_unique<PageScrubber>(
       &allocator_, PageScrubber::BatchPages(geometry_, kScrubBatchBytes));
 }

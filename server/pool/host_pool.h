@@ -26,6 +26,9 @@ namespace hostkv {
 struct CacheOptions {
   CacheSharing sharing;
   uint32_t max_namespaces_per_uid = 256;
+  // The daemon's namespace owners, shared by every pool (PoolRegistry sets
+  // it); a pool made without one (unit tests) gets its own.
+  std::shared_ptr<NamespaceOwners> namespaces;
 };
 
 // Thread-safe: the geometry and segment are fixed after creation; the
@@ -57,7 +60,8 @@ class HostPool {
   SlotAllocator& allocator() { return allocator_; }
   const SlotAllocator& allocator() const { return allocator_; }
   // The pool's page cache (which pages are published under which key) and
-  // who owns its namespaces. Both thread-safe.
+  // who owns the namespaces (the daemon's, shared by all its pools). Both
+  // thread-safe.
   PageCache& cache() const { return *cache_; }
   NamespaceOwners& namespaces() const { return *namespaces_; }
   // The budget held for the page cache's metadata, set once before the
@@ -109,7 +113,7 @@ class HostPool {
   BudgetReservation reservation_;
   SlotAllocator allocator_;
   const std::unique_ptr<PageCache> cache_;
-  const std::unique_ptr<NamespaceOwners> namespaces_;
+  const std::shared_ptr<NamespaceOwners> namespaces_;
   BudgetReservation cache_reservation_;
   std::atomic<uint32_t> imports_{0};
   std::atomic<uint64_t> loads_{0};

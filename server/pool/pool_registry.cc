@@ -19,7 +19,15 @@ PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
       prefault_threads_(prefault_threads),
       gpu_(gpu),
       quota_(quota),
-      cache_options_(cache_options) {}
+      cache_options_(WithNamespaceOwners(std::move(cache_options))) {}
+
+CacheOptions PoolRegistry::WithNamespaceOwners(CacheOptions options) {
+  if (options.namespaces == nullptr) {
+    options.namespaces = std::make_shared<NamespaceOwners>(
+        options.sharing, options.max_namespaces_per_uid);
+  }
+  return options;
+}
 
 absl::Status PoolRegistry::CheckQuota(const v1::PoolOwner& owner,
                                       uint64_t bytes) const {

@@ -74,6 +74,8 @@ class PoolRegistry {
   void SetObserver(Observer observer) ABSL_LOCKS_EXCLUDED(mu_, notify_mu_);
 
  private:
+  // `options` with the daemon's one NamespaceOwners (every pool shares it).
+  static CacheOptions WithNamespaceOwners(CacheOptions options);
   // Removes an unused pool from the map and returns it.
   absl::StatusOr<std::shared_ptr<HostPool>> DeleteLocked(
       const std::string& name, const Principal& who)

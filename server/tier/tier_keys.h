@@ -14,15 +14,19 @@ namespace hostkv {
 // The geometry fingerprint (tier_value.h) of the pool's pages.
 uint64_t PoolFingerprint(const HostPool& pool);
 
-// The tier key of a cache key: the namespace is the pool's geometry
-// fingerprint (8 bytes, little endian) and the cache namespace, so that
-// pools of other geometries never take each other's pages for their own
-// and each (geometry, namespace) is one directory of the file tier; the key
-// is the cache key. The namespace stays within what every store takes (the
-// file tier's names: 120 bytes): a cache namespace over 112 bytes keeps its
-// first 80 and gets two FNV-1a hashes of the whole in hex (32 characters).
-TierKey ToTierKey(uint64_t fingerprint, absl::string_view name_space,
-                  absl::string_view key);
+// The tier key of a cache key: the tier namespace is the pool's geometry
+// fingerprint (8 bytes, little endian) and then the namespace's owner scope
+// (NamespaceOwners::TierScope: "u1000", "unverified", "any"; never a ':')
+// with the cache namespace, so that pools of other geometries never take
+// each other's pages for their own, no user reads or writes another's
+// values (on this node or any other sharing the store), and each (geometry,
+// owner, namespace) is one directory of the file tier. The key is the cache
+// key. Encoded so that no two (scope, namespace) pairs share a tier
+// namespace and it stays within what every store takes (the file tier's
+// names: 120 bytes): 'r', scope, ':', namespace while that fits in 112
+// bytes, else 'h' and the SHA-256 of scope, ':', namespace (32 bytes).
+TierKey ToTierKey(uint64_t fingerprint, absl::string_view scope,
+                  absl::string_view name_space, absl::string_view key);
 
 }  // namespace hostkv
 

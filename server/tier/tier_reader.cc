@@ -88,10 +88,13 @@ uint64_t TierReader::Fetch(const Job& job) {
   HostPool& pool = *job.pool;
   const uint64_t fingerprint = PoolFingerprint(pool);
   const uint64_t page_bytes = pool.geometry().page_bytes();
+  // The values of the namespace's owner, or of the caller, who would own it
+  // by publishing what is brought in: never another user's.
+  const std::string scope = pool.namespaces().TierScope(job.name_space, job.who);
   std::vector<TierKey> tier_keys;
   tier_keys.reserve(job.keys.size());
   for (const std::string& key : job.keys) {
-    tier_keys.push_back(ToTierKey(fingerprint, job.name_space, key));
+    tier_keys.push_back(ToTierKey(fingerprint, scope, job.name_space, key));
   }
   const absl::Time start = absl::Now();
   std::vector<absl::StatusOr<std::string>> values = tier_->Get(tier_keys);

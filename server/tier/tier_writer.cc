@@ -1,6 +1,7 @@
 #include "server/tier/tier_writer.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -143,12 +144,22 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
     return;
   }
   const uint64_t fingerprint = PoolFingerprint(pool);
+  // Stored as the namespace owner's values (published pages have one).
+  const std::optional<std::string> scope =
+      pool.namespaces().TierScopeOf(name_space);
+  if (!scope.has_value()) {
+    counters_->write_failures.fetch_add(items.size());
+    spdlog::warn("tier {}: pages of namespace '{}' of pool '{}' not written: "
+                 "the namespace has no owner", tier_->Describe(),
+                 std::string(name_space), pool.name());
+    return;
+  }
   // Pages another node (or an earlier write) stored already are not sent
   // again: one round trip asks for the leading ones.
   std::vector<TierKey> all_keys;
   all_keys.reserve(items.size());
   for (const Item& item : items) {
-    all_keys.push_back(ToTierKey(fingerprint, name_space, item.key));
+    all_keys.push_back(ToTierKey(fingerprint, *scope, name_space, item.key));
   }
   // Its failure (e.g. a cluster master down) only means none is skipped:
   // the puts' own outcomes decide the tier's health.

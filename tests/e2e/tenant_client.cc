@@ -11,6 +11,7 @@
 //   tenant_client TARGET idle-connections N HOLD_MS ("connected ...", holds,
 //                                                    then what came back)
 //   tenant_client TARGET handed-fd                  (kOpen over fd 3)
+//   tenant_client TARGET publish|lookup ...         (tenant_cache_commands.h)
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "hostkv/client.h"
 #include "proto/contract/session_socket.h"
+#include "tests/e2e/tenant_cache_commands.h"
 
 namespace hostkv {
 namespace {
@@ -240,6 +242,12 @@ int Main(int argc, char** argv) {
   if (command == "fetch-segment") return FetchSegment(c, arg(3));
   if (command == "alloc-zeros")
     return AllocZeros(c, arg(3), std::strtoull(argv[4], nullptr, 10));
+  if (command == "publish") {
+    return PublishPages(c, arg(3), arg(4), std::strtoull(argv[5], nullptr, 10),
+                        static_cast<uint8_t>(std::atoi(argv[6])));
+  }
+  if (command == "lookup")
+    return LookupPages(c, arg(3), arg(4), std::strtoull(argv[5], nullptr, 10));
   return 2;
 }
 

@@ -74,11 +74,13 @@ class TenantsTest : public ::testing::Test {
         << "pools { name: \"shared\" geometry { mha { num_layers: 2 "
            "num_kv_heads: 1 head_dim: 8 } dtype: DTYPE_BF16 } page_size: 4 "
            "layout: LAYOUT_PAGE_FIRST capacity_tokens: 60 }\n";
-    daemon_ = std::make_unique<testing::DaemonProcess>(std::vector<std::string>{
+    std::vector<std::string> flags = {
         "--socket_mode=0666", "--attach_timeout=1s",
         "--max_session_connections_per_uid=64", "--max_sessions_per_uid=8",
         "--max_unattached_sessions=8", "--config=" + config_,
-        "--config_pool_access=any"});
+        "--config_pool_access=any"};
+    for (std::string& flag : ExtraFlags()) flags.push_back(std::move(flag));
+    daemon_ = std::make_unique<testing::DaemonProcess>(flags);
     ASSERT_TRUE(daemon_->started()) << daemon_->log();
     // The tenants must reach the socket and run the client from a place
     // they may read.
@@ -89,6 +91,9 @@ class TenantsTest : public ::testing::Test {
     std::ofstream(binary_, std::ios::binary) << in.rdbuf();
     chmod(binary_.c_str(), 0755);
   }
+  // Flags a suite adds to the daemon's.
+  virtual std::vector<std::string> ExtraFlags() { return {}; }
+
   void TearDown() override {
     daemon_.reset();
     if (!config_.empty()) std::remove(config_.c_str());
@@ -96,10 +101,13 @@ class TenantsTest : public ::testing::Test {
 
   // Starts tenant_client ARGS as `uid` (gid = uid, no supplementary
   // groups); `pass_fd`, if >= 0, becomes its fd 3.
-  Tenant Start(uid_t uid, std::vector<std::string> args, int pass_fd = -1) {
+  // `target`: another daemon's (empty: the fixture's).
+  Tenant Start(uid_t uid, std::vector<std::string> args, int pass_fd = -1,
+               const std::string& target = "") {
     int pipe_fds[2];
     EXPECT_EQ(0, pipe(pipe_fds));
-    args.insert(args.begin(), {binary_, daemon_->target()});
+    args.insert(args.begin(),
+                {binary_, target.empty() ? daemon_->target() : target});
     const pid_t pid = fork();
     if (pid == 0) {
       dup2(pipe_fds[1], STDOUT_FILENO);
@@ -120,8 +128,8 @@ class TenantsTest : public ::testing::Test {
   }
   // Runs tenant_client to its end; returns its exit code (an absl code).
   int Run(uid_t uid, std::vector<std::string> args,
-          std::string* out = nullptr) {
-    Tenant t = Start(uid, std::move(args));
+          std::string* out = nullptr, const std::string& target = "") {
+    Tenant t = Start(uid, std::move(args), -1, target);
     std::string all, line;
     while (!(line = t.ReadLine()).empty()) all += line;
     if (out != nullptr) *out = all;

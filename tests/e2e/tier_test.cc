@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/tier_nodes.h"
@@ -37,18 +39,25 @@ bool HaveRedis() {
 }
 
 // The cache key of a Redis key of the tier ("hkv:" + len(ns) + ":" + ns +
-// key, where the tier's ns is the 8-byte geometry fingerprint and the cache
-// namespace), "" for another key.
+// key, where the tier's ns is the 8-byte geometry fingerprint, 'r', the
+// namespace owner's scope, ':' and the cache namespace: tier_keys.h), ""
+// for another key.
 std::string CacheKeyOf(const std::string& redis_key) {
-  const std::string head =
-      absl::StrCat("hkv:", 8 + strlen(testing::kTierNamespace), ":");
-  if (!absl::StartsWith(redis_key, head) ||
-      redis_key.size() <= head.size() + 8 + strlen(testing::kTierNamespace) ||
-      redis_key.compare(head.size() + 8, strlen(testing::kTierNamespace),
-                        testing::kTierNamespace) != 0) {
+  absl::string_view rest = redis_key;
+  if (!absl::ConsumePrefix(&rest, "hkv:")) return "";
+  const size_t colon = rest.find(':');
+  size_t ns_bytes = 0;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(rest.substr(0, colon), &ns_bytes) ||
+      rest.size() <= colon + 1 + ns_bytes || ns_bytes < 9) {
     return "";
   }
-  return redis_key.substr(head.size() + 8 + strlen(testing::kTierNamespace));
+  const absl::string_view ns = rest.substr(colon + 1, ns_bytes);
+  if (ns[8] != 'r' ||
+      !absl::EndsWith(ns, absl::StrCat(":", testing::kTierNamespace))) {
+    return "";
+  }
+  return std::string(rest.substr(colon + 1 + ns_bytes));
 }
 
 // Cache key -> Redis key of every page the server on `socket` holds.

@@ -269,7 +269,8 @@ TEST_F(CacheTierTest, ACorruptedOrForeignValueIsAMissNeverServed) {
   auto* files = dynamic_cast<FileTier*>(&tier_->store());
   ASSERT_NE(files, nullptr);
   const std::string path = files->PathOf(
-      ToTierKey(PoolFingerprint(Pool("p")), "model-a", "k1"));
+      ToTierKey(PoolFingerprint(Pool("p")),
+                *Pool("p").namespaces().TierScopeOf("model-a"), "model-a", "k1"));
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(f.good()) << path;
@@ -326,7 +327,8 @@ TEST_F(CacheTierTest, ATruncatedFileIsAMiss) {
   ASSERT_TRUE(tier_->writer().Flush(absl::Seconds(10)));
   auto* files = dynamic_cast<FileTier*>(&tier_->store());
   const std::string path = files->PathOf(
-      ToTierKey(PoolFingerprint(Pool("p")), "model-a", "k0"));
+      ToTierKey(PoolFingerprint(Pool("p")),
+                *Pool("p").namespaces().TierScopeOf("model-a"), "model-a", "k0"));
   ASSERT_EQ(truncate(path.c_str(), 100), 0);
   const SessionId reader = OpenSession();
   auto found = LookupIn(reader, "q", 0, 2);
@@ -560,7 +562,10 @@ TEST_F(CacheTierTest, ALookupWaitsNoLongerThanItsDeadline) {
   if (found->hits() < 3) EXPECT_EQ(c.fetches_late, 1u);
 }
 
-TEST_F(CacheTierTest, AFetchClaimsTheNamespaceForItsCallerAndAnEmptyOneClaimsNothing) {
+// Namespaces are the daemon's, not a pool's: another user's lookup in
+// another pool fetches nothing of the owner's values. (A fetch that brings
+// pages claims the namespace for its caller: tests/e2e/tenants_cache_test.)
+TEST_F(CacheTierTest, AnotherUsersLookupInAnotherPoolFetchesNothing) {
   UseFileTier();
   CreatePools();
   const SessionId writer = OpenSession();
@@ -578,14 +583,16 @@ TEST_F(CacheTierTest, AFetchClaimsTheNamespaceForItsCallerAndAnEmptyOneClaimsNot
   ASSERT_OK(missed);
   EXPECT_EQ(missed->hits(), 0u);
   EXPECT_FALSE(Pool("q").namespaces().OwnerOf("model-b").has_value());
-  // The same user's lookup that brings pages claims the namespace for it,
-  // as its publish would: the pages are then its namespace's.
-  auto found = LookupIn(stranger, "q", 0, 2, false);
-  ASSERT_OK(found);
-  EXPECT_EQ(found->hits(), 2u);
+  // The writer's namespace is the writer's in pool "q" too.
+  const uint64_t reads = tier_->Counters().read_hits;
+  auto refused = LookupIn(stranger, "q", 0, 2, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
+      << refused.status();
+  EXPECT_EQ(tier_->Counters().read_hits, reads);
+  EXPECT_EQ(Pool("q").cache().cached_pages(), 0u);
   auto owner = Pool("q").namespaces().OwnerOf("model-a");
   ASSERT_TRUE(owner.has_value());
-  EXPECT_EQ(owner->uid, other_uid);
+  EXPECT_EQ(owner->uid, getuid());
 }
 
 TEST_F(CacheTierTest, GetPoolStatsReportsTheTier) {
