@@ -93,6 +93,51 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
   return segment;
 }
 
+absl::StatusOr<ShmSegment> ShmSegment::CreateSealed(const std::string& label,
+                                                    uint64_t size) {
+  const std::string name = "memfd:" + label;
+  ScopedFd fd(memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (fd.get() < 0) return ErrnoStatus(errno, "memfd_create " + label);
+  // A memfd is 0777: others could reopen a read-only descriptor read-write
+  // through /proc/<pid>/fd.
+  if (fchmod(fd.get(), 0600) != 0) return ErrnoStatus(errno, "fchmod " + name);
+  if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+      err != 0) {
+    return ErrnoStatus(
+        err, absl::StrCat("reserving ", size, " bytes of shared memory for ",
+                          name));
+  }
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    return ErrnoStatus(errno, "sealing " + name);
+  }
+  void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    fd.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
+  ShmSegment segment;
+  segment.name_ = name;
+  segment.data_ = segment.map_base_ = static_cast<uint8_t*>(addr);
+  segment.size_ = segment.map_bytes_ = segment.file_size_ = size;
+  segment.owner_uid_ = geteuid();
+  segment.owner_gid_ = getegid();
+  segment.mode_ = S_IFREG | 0600;
+  segment.fd_ = std::move(fd);
+  return segment;
+}
+
+absl::StatusOr<ScopedFd> ShmSegment::ReopenFd(Access access) const {
+  if (fd_.get() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment ", name_, " has no descriptor to reopen"));
+  }
+  const std::string path = absl::StrCat("/proc/self/fd/", fd_.get());
+  ScopedFd fd(open(path.c_str(),
+                   (access == Access::kReadWrite ? O_RDWR : O_RDONLY) |
+                       O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoStatus(errno, "reopening " + name_);
+  return fd;
+}
+
 absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name,
                                             Access access) {
   return OpenMapping(name, 0, 0, /*whole=*/true, access);
@@ -187,6 +232,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     owner_gid_ = other.owner_gid_;
     mode_ = other.mode_;
     unlink_ = std::exchange(other.unlink_, false);
+    fd_ = std::move(other.fd_);
   }
   return *this;
 }
@@ -199,6 +245,7 @@ void ShmSegment::Reset() {
   data_ = map_base_ = nullptr;
   size_ = map_bytes_ = file_size_ = 0;
   unlink_ = false;
+  fd_ = ScopedFd();
 }
 
 void ShmSegment::Prefault(unsigned threads) {

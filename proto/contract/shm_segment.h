@@ -45,6 +45,15 @@ class ShmSegment {
   static absl::StatusOr<ShmSegment> Create(const std::string& name,
                                            uint64_t size, mode_t mode);
 
+  // Creates an anonymous segment (a memfd labelled `label`) of `size` bytes,
+  // mode 0600, with its memory reserved, sealed against shrinking and
+  // growing (F_SEAL_SHRINK | F_SEAL_GROW, then F_SEAL_SEAL) and mapped
+  // read-write. Nobody can open it by name, and no descriptor of it, even a
+  // read-write one, can cut it short under this mapping (SIGBUS). fd() is
+  // its descriptor; ReopenFd hands out new ones. name() is "memfd:<label>".
+  static absl::StatusOr<ShmSegment> CreateSealed(const std::string& label,
+                                                 uint64_t size);
+
   // Opens and maps an existing segment, read-write or read-only; the
   // segment is not unlinked later. Returns NotFound, PermissionDenied or
   // InvalidArgument (empty segment) with the reason.
@@ -90,6 +99,13 @@ class ShmSegment {
   // fault.
   void Prefault(unsigned threads);
 
+  // A segment of CreateSealed: its descriptor (else -1), and a new open of
+  // it, read-only or read-write (through /proc/self/fd, so that a
+  // read-only descriptor really is one: a dup would share the read-write
+  // file description).
+  int fd() const { return fd_.get(); }
+  absl::StatusOr<ScopedFd> ReopenFd(Access access) const;
+
   // Removes the segment's name now (a segment this process created); the
   // mapping and descriptors opened before stay valid.
   void Unlink();
@@ -118,6 +134,7 @@ class ShmSegment {
   gid_t owner_gid_ = 0;
   mode_t mode_ = 0;
   bool unlink_ = false;
+  ScopedFd fd_;  // CreateSealed
 };
 
 // True if `name` is a well-formed POSIX shm name: "/" then 1..200 of

@@ -26,12 +26,12 @@ constexpr uint64_t kScrubBatchBytes = 8 << 20;
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
     const v1::PoolSpec& spec, const PoolGeometry& geometry,
-    const std::string& segment_name, unsigned prefault_threads,
+    const std::string& segment_label, unsigned prefault_threads,
     BudgetReservation reservation, const CacheOptions& cache_options) {
   ASSIGN_OR_RETURN(std::unique_ptr<PageCache> cache,
                    PageCache::Create(geometry.num_pages()));
   ASSIGN_OR_RETURN(ShmSegment segment,
-                   ShmSegment::Create(segment_name, geometry.total_bytes(), 0640));
+                   ShmSegment::CreateSealed(segment_label, geometry.total_bytes()));
   segment.Prefault(prefault_threads);
   v1::Pool info;
   *info.mutable_spec() = NormalizePoolSpec(spec);
@@ -44,27 +44,15 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
   info.set_total_bytes(geometry.total_bytes());
   info.set_token_stride(geometry.token_stride());
   info.set_v_offset(geometry.kv_planes() == 2 ? geometry.plane_bytes() : 0);
-  info.set_segment_name(segment_name);
+  info.set_segment_name(segment.name());
   return std::unique_ptr<HostPool>(
       new HostPool(std::move(info), geometry, std::move(segment),
                    std::move(reservation), std::move(cache), cache_options));
 }
 
 absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {
-  const std::string& name = info_.segment_name();
-  ScopedFd fd(shm_open(name.c_str(),
-                       (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW, 0));
-  if (fd.get() < 0) {
-    return absl::InternalError(absl::StrCat("reopening pool segment ", name, ": ",
-                                            std::strerror(errno)));
-  }
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0 || st.st_uid != geteuid() ||
-      static_cast<uint64_t>(st.st_size) != segment_.size()) {
-    return absl::InternalError(absl::StrCat(
-        "pool segment ", name, " is no longer the pool's (owner or size changed)"));
-  }
-  return fd;
+  return segment_.ReopenFd(writable ? ShmSegment::Access::kReadWrite
+                                    : ShmSegment::Access::kReadOnly);
 }
 
 HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,

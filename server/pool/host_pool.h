@@ -38,14 +38,14 @@ struct CacheOptions {
 // pool's segment is zero (a fresh shm object).
 class HostPool {
  public:
-  // Creates the pool described by `spec` in a new shm segment named
-  // `segment_name`, pre-faulted with `prefault_threads` threads. Memory
-  // must already be reserved (`reservation`). Returns the segment's error
-  // (ResourceExhausted if /dev/shm is too small) on failure, having created
-  // nothing.
+  // Creates the pool described by `spec` in a new sealed memfd labelled
+  // `segment_label` (ShmSegment::CreateSealed), pre-faulted with
+  // `prefault_threads` threads. Memory must already be reserved
+  // (`reservation`). Returns the segment's error (ResourceExhausted if
+  // shared memory is short) on failure, having created nothing.
   static absl::StatusOr<std::unique_ptr<HostPool>> Create(
       const v1::PoolSpec& spec, const PoolGeometry& geometry,
-      const std::string& segment_name, unsigned prefault_threads,
+      const std::string& segment_label, unsigned prefault_threads,
       BudgetReservation reservation, const CacheOptions& cache_options = {});
 
   const std::string& name() const { return info_.spec().name(); }
@@ -54,8 +54,8 @@ class HostPool {
   const v1::Pool& info() const { return info_; }
   uint8_t* base() const { return segment_.data(); }
   // A new descriptor of the pool's segment, read-write or read-only, for an
-  // engine to map (kFetchPoolSegment). Internal if the segment's name no
-  // longer leads to this pool's segment.
+  // engine to map (kFetchPoolSegment). The segment is a sealed memfd: no
+  // descriptor can shrink or grow it under the daemon's mapping.
   absl::StatusOr<ScopedFd> OpenSegment(bool writable) const;
   SlotAllocator& allocator() { return allocator_; }
   const SlotAllocator& allocator() const { return allocator_; }

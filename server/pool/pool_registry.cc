@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_spec.h"
@@ -118,7 +119,8 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
   ASSIGN_OR_RETURN(
       std::unique_ptr<HostPool> pool,
       HostPool::Create(spec, geometry,
-                       absl::StrCat(segment_prefix_, "pool.", spec.name()),
+                       absl::StrCat(absl::StripPrefix(segment_prefix_, "/"), "pool.",
+                                    spec.name()),
                        prefault_threads_, std::move(reservation),
                        cache_options_));
   // The page cache's metadata, as if every page were cached.

@@ -30,7 +30,8 @@ struct PoolQuota {
 // pool's memory alive until they finish.
 class PoolRegistry {
  public:
-  // Segments are named "<segment_prefix>pool.<name>". With `gpu` (may be
+  // Segments are sealed memfds labelled "<segment_prefix>pool.<name>"
+  // (without the prefix's '/'). With `gpu` (may be
   // null), every pool is registered with CUDA in the background after it is
   // created, in chunks of whole pool pages.
   PoolRegistry(MemoryBudget* budget, std::string segment_prefix,

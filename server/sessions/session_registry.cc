@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/op_signal.h"
 #include "proto/contract/session_socket.h"
@@ -115,8 +116,18 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     }
     memory = BudgetReservation(budget_, signal_bytes);
   }
-  absl::StatusOr<std::shared_ptr<SignalBoard>> signals = SignalBoard::Create(
-      absl::StrCat(segment_prefix_, "signals.", tag), signal_records_);
+  // Named "<prefix>signals.<number>.<random>": /dev/shm is everybody's, and
+  // a predictable name could be taken first by a user who never connects.
+  absl::StatusOr<std::shared_ptr<SignalBoard>> signals =
+      absl::AlreadyExistsError("");
+  for (int attempt = 0; attempt < 4 && absl::IsAlreadyExists(signals.status());
+       ++attempt) {
+    const SessionId nonce = NewSessionId();
+    signals = SignalBoard::Create(
+        absl::StrCat(segment_prefix_, "signals.", tag, ".",
+                     absl::BytesToHexString(nonce.substr(0, 8))),
+        signal_records_);
+  }
   if (!signals.ok()) {
     uncount();
     return signals.status();

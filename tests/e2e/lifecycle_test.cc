@@ -11,7 +11,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "grpcpp/grpcpp.h"
 #include "hostkv/client.h"
+#include "hostkv/v1/hostkv.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -59,19 +61,22 @@ TEST(LifecycleTest, ConfigPoolsExistAtStartAndSigtermCleansUp) {
   ASSERT_EQ(2u, pools->size());
   EXPECT_EQ("deepseek", (*pools)[0].spec().name());
   EXPECT_EQ(1008u, (*pools)[1].token_slots());
-  const std::string segment = "/dev/shm" + (*pools)[1].segment_name();
-  EXPECT_TRUE(Exists(segment));
+  // Pool segments are sealed memfds: nothing in /dev/shm to squat or leave.
+  EXPECT_EQ(0u, (*pools)[1].segment_name().rfind("memfd:", 0))
+      << (*pools)[1].segment_name();
   EXPECT_TRUE(Exists(daemon.socket_path()));
   struct stat st;
   ASSERT_EQ(0, stat(daemon.socket_path().c_str(), &st));
   EXPECT_EQ(0660u, st.st_mode & 0777);
   client->reset();
   EXPECT_EQ(0, daemon.Stop(SIGTERM));
-  EXPECT_FALSE(Exists(segment));
   EXPECT_FALSE(Exists(daemon.socket_path()));
   std::remove(config.c_str());
 }
 
+// A session opened over gRPC alone (no session socket) has a named signal
+// segment in /dev/shm; a killed daemon leaves it, the next one on the same
+// socket removes it.
 TEST(LifecycleTest, RestartOnTheSameSocketRemovesAKilledDaemonsSegments) {
   const std::string config = WriteConfig(kConfig);
   char dir_template[] = "/tmp/hostkv-restart-XXXXXX";
@@ -80,19 +85,23 @@ TEST(LifecycleTest, RestartOnTheSameSocketRemovesAKilledDaemonsSegments) {
   {
     testing::DaemonProcess first({"--config=" + config}, listen);
     ASSERT_TRUE(first.started()) << first.log();
-    auto pool = Client::Connect(listen, "t").value()->GetPool("llama");
-    ASSERT_OK(pool);
-    segment = "/dev/shm" + pool->segment_name();
+    auto stub = v1::HostKV::NewStub(
+        grpc::CreateChannel(listen, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::OpenSessionResponse opened;
+    ASSERT_TRUE(
+        stub->OpenSession(&context, v1::OpenSessionRequest(), &opened).ok());
+    segment = "/dev/shm" + opened.signal_segment();
+    EXPECT_TRUE(Exists(segment)) << segment;
     EXPECT_EQ(128 + SIGKILL, first.Stop(SIGKILL));
   }
   EXPECT_TRUE(Exists(segment));  // a killed daemon cleans nothing
   testing::DaemonProcess second({"--config=" + config}, listen);
   ASSERT_TRUE(second.started()) << second.log();
-  EXPECT_NE(std::string::npos, second.log().find("removed 2 shared-memory segments"))
-      << second.log();  // the two pools
-  EXPECT_TRUE(Exists(segment));  // created anew
-  EXPECT_EQ(0, second.Stop(SIGTERM));
+  EXPECT_NE(std::string::npos, second.log().find("removed 1 shared-memory segments"))
+      << second.log();
   EXPECT_FALSE(Exists(segment));
+  EXPECT_EQ(0, second.Stop(SIGTERM));
   std::remove(config.c_str());
 }
 

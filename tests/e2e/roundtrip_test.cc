@@ -15,6 +15,7 @@
 #include "hostkv/shm_device_buffer.h"
 #include "proto/contract/shm_segment.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/pool_segment.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {
@@ -237,7 +238,8 @@ TEST_P(RoundTripTest, PageBufferMetaPointsAtThePageBytes) {
   ASSERT_OK(client_->WritePages(name_, *pages, data));
   auto meta = client_->GetPageBufferMeta(name_, *pages);
   ASSERT_OK(meta);
-  auto segment = ShmSegment::Open(meta->segment_name(), ShmSegment::Access::kReadOnly);
+  EXPECT_EQ(meta->segment_name(), pool_.segment_name());
+  auto segment = testing::MapPoolSegment(*client_, name_);
   ASSERT_OK(segment);
   // layer_first lists, per page, (K, V) per layer; its flat page holds all K
   // layers, then all V layers. Every other layout lists K then V, as the

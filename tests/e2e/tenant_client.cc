@@ -11,6 +11,7 @@
 //   tenant_client TARGET idle-connections N HOLD_MS ("connected ...", holds,
 //                                                    then what came back)
 //   tenant_client TARGET handed-fd                  (kOpen over fd 3)
+//   tenant_client TARGET truncate-segment POOL      (exit 0 if refused)
 //   tenant_client TARGET publish|lookup ...         (tenant_cache_commands.h)
 #include <fcntl.h>
 #include <poll.h>
@@ -193,6 +194,22 @@ int FetchSegment(Client& client, const std::string& pool) {
   return mapped_rw == segment->writable ? 0 : 14;
 }
 
+// Fetches pool `pool`'s segment and tries to cut it short (ftruncate to 0
+// and to half): exit 0 if both were refused, 16 if one was done.
+int TruncateSegment(Client& client, const std::string& pool) {
+  auto segment = client.FetchPoolSegment(pool);
+  if (!segment.ok()) return Report(segment);
+  ScopedFd fd(segment->fd);
+  struct stat st {};
+  fstat(fd.get(), &st);
+  const int to_zero = ftruncate(fd.get(), 0) == 0 ? 0 : errno;
+  const int to_half = ftruncate(fd.get(), st.st_size / 2) == 0 ? 0 : errno;
+  std::printf("writable=%d truncate: %s, %s\n", segment->writable ? 1 : 0,
+              to_zero == 0 ? "done" : std::strerror(to_zero),
+              to_half == 0 ? "done" : std::strerror(to_half));
+  return to_zero != 0 && to_half != 0 ? 0 : 16;
+}
+
 int HandedFd() {
   SessionMessage m{};
   m.magic = kSessionMagic;
@@ -240,6 +257,7 @@ int Main(int argc, char** argv) {
   if (command == "write-free")
     return WriteFree(c, arg(3), std::strtoull(argv[4], nullptr, 10));
   if (command == "fetch-segment") return FetchSegment(c, arg(3));
+  if (command == "truncate-segment") return TruncateSegment(c, arg(3));
   if (command == "alloc-zeros")
     return AllocZeros(c, arg(3), std::strtoull(argv[4], nullptr, 10));
   if (command == "publish") {

@@ -1,10 +1,12 @@
 // The multi-user suite (tenants_fixture.h): sessions, pools and segments
 // of one user as another user tries them.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -28,19 +30,26 @@ TEST_F(TenantsTest, SessionSecretsAppearInNoNameOrLog) {
       stub->OpenSession(&context, v1::OpenSessionRequest(), &unattached).ok());
   ASSERT_EQ(kSessionIdBytes, attached->session_id().size());
   ASSERT_EQ(kSessionIdBytes, unattached.session_id().size());
-  const std::string pool_segment = attached->GetPool("shared")->segment_name();
+  const std::string signal_segment = unattached.signal_segment();
   const std::string prefix =
-      pool_segment.substr(1, pool_segment.find("pool.") - 1);
+      signal_segment.substr(1, signal_segment.find("signals.") - 1);
+  ASSERT_EQ(0u, prefix.rfind("hostkv.", 0)) << signal_segment;
   std::vector<std::string> ours;
   for (const std::string& name : ShmNames()) {
     if (name.rfind(prefix, 0) == 0) ours.push_back(name);
   }
-  EXPECT_NE(ours.end(), std::find(ours.begin(), ours.end(),
-                                  absl::StrCat(prefix, "signals.",
-                                               unattached.session_number())));
-  EXPECT_EQ(ours.end(), std::find(ours.begin(), ours.end(),
-                                  absl::StrCat(prefix, "signals.",
-                                               attached->session_number())));
+  auto named_for = [&](uint64_t number) {
+    const std::string head = absl::StrCat(prefix, "signals.", number, ".");
+    return std::count_if(ours.begin(), ours.end(), [&](const std::string& n) {
+      return n.rfind(head, 0) == 0;
+    });
+  };
+  EXPECT_EQ(1, named_for(unattached.session_number()));
+  EXPECT_EQ(0, named_for(attached->session_number()));
+  // No pool segment has a name at all (sealed memfds).
+  for (const std::string& name : ours) {
+    EXPECT_EQ(std::string::npos, name.find("pool.")) << name;
+  }
   const std::string log = daemon_->log();
   for (const std::string& id :
        {attached->session_id(), unattached.session_id()}) {
@@ -154,6 +163,63 @@ TEST_F(TenantsTest, PoolsBelongToTheirCreator) {
 // kFetchPoolSegment: the owner gets a read-write descriptor of its pool's
 // segment, a user the pool only admits a read-only one (the kernel refuses
 // a writable mapping of it), a user it does not admit none.
+// The owner's read-write descriptor cannot cut the segment short under the
+// daemon's mapping (it is a memfd sealed against shrinking): the daemon's
+// reads, scrubbing and copies of the pool go on.
+TEST_F(TenantsTest, APoolOwnerCannotShrinkItsSegment) {
+  std::string out;
+  ASSERT_EQ(0, Run(kAlice, {"create-pool", "mine"}, &out)) << out;
+  EXPECT_EQ(0, Run(kAlice, {"truncate-segment", "mine"}, &out)) << out;
+  EXPECT_NE(std::string::npos, out.find("writable=1")) << out;
+  EXPECT_EQ(0, Run(kBob, {"truncate-segment", "shared"}, &out)) << out;
+  // The pool still works for its owner: write, free (scrubbed), reallocate
+  // zeroed, publish and read back.
+  EXPECT_EQ(0, Run(kAlice, {"write-free", "mine", "3"}, &out)) << out;
+  EXPECT_EQ(0, Run(kAlice, {"alloc-zeros", "mine", "15"}, &out)) << out;
+  EXPECT_EQ(0, Run(kAlice, {"publish", "mine", "after", "2", "77"}, &out)) << out;
+  EXPECT_EQ(0, Run(kAlice, {"lookup", "mine", "after", "2"}, &out)) << out;
+  EXPECT_NE(std::string::npos, out.find("value 77")) << out;
+  EXPECT_EQ(0, kill(daemon_->pid(), 0));
+}
+
+// /dev/shm is everybody's: names a user made first, where the daemon's
+// next signal segments or a pool's segment would go, block nothing (signal
+// segments get unpredictable names; pool segments have none).
+TEST_F(TenantsTest, SquattedShmNamesBlockNoSessionOrPool) {
+  auto stub = v1::HostKV::NewStub(grpc::CreateChannel(
+      daemon_->target(), grpc::InsecureChannelCredentials()));
+  auto open_unattached = [&]() {
+    grpc::ClientContext context;
+    v1::OpenSessionResponse opened;
+    const grpc::Status s =
+        stub->OpenSession(&context, v1::OpenSessionRequest(), &opened);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return opened;
+  };
+  const v1::OpenSessionResponse first = open_unattached();
+  const std::string name = first.signal_segment();
+  const std::string prefix = name.substr(0, name.find("signals."));
+  std::string out;
+  for (uint64_t n = first.session_number() + 1;
+       n <= first.session_number() + 12; ++n) {
+    ASSERT_EQ(0, Run(kBob, {"make-shm", absl::StrCat(prefix, "signals.", n),
+                            "4096"}, &out)) << out;
+  }
+  ASSERT_EQ(0, Run(kBob, {"make-shm", prefix + "pool.victim", "4096"}, &out))
+      << out;
+  for (int i = 0; i < 5; ++i) {
+    const v1::OpenSessionResponse opened = open_unattached();
+    EXPECT_FALSE(opened.session_id().empty());
+    EXPECT_EQ(0u, opened.signal_segment().rfind(prefix, 0));
+  }
+  EXPECT_EQ(0, Run(kAlice, {"create-pool", "victim"}, &out)) << out;
+  for (uint64_t n = first.session_number() + 1;
+       n <= first.session_number() + 12; ++n) {
+    shm_unlink(absl::StrCat(prefix, "signals.", n).c_str());
+  }
+  shm_unlink((prefix + "pool.victim").c_str());
+}
+
 TEST_F(TenantsTest, PoolSegmentsGoOutReadWriteOnlyToTheirOwner) {
   std::string out;
   ASSERT_EQ(0, Run(kAlice, {"create-pool", "mine"}, &out)) << out;

@@ -35,6 +35,7 @@
 #include "tests/gpu/kv_images.h"
 #include "tests/gpu/self_exec.h"
 #include "tests/gpu/spin_kernel.h"
+#include "tests/testing/pool_segment.h"
 #include "tests/testing/status_matchers.h"
 
 namespace hostkv {
@@ -99,8 +100,7 @@ TEST_P(GpuRoundTripTest, BackupThenLoadPutsEveryByteInItsPlace) {
   const BufferPatterns patterns = gpu_testing::MakePatterns(e.cache(), 1);
   ASSERT_OK(e.cache().Fill(kBackground));
   ASSERT_OK(gpu_testing::WritePatterns(e.cache(), patterns));
-  auto segment =
-      ShmSegment::Open(e.pool().segment_name(), ShmSegment::Access::kReadOnly);
+  auto segment = testing::MapPoolSegment(e.client(), name);
   ASSERT_OK(segment);
   const reference::ReferencePool reference(
       gpu_testing::ReferenceSpec(e.pool()));
@@ -319,8 +319,7 @@ TEST_P(GpuOrderingTest, BackupWaitingForKvWrittenCopiesTheNewKv) {
   ASSERT_OK(control_pages);
   auto waited_pages = e.client().Alloc(name, kTokens);
   ASSERT_OK(waited_pages);
-  auto segment =
-      ShmSegment::Open(e.pool().segment_name(), ShmSegment::Access::kReadOnly);
+  auto segment = testing::MapPoolSegment(e.client(), name);
   ASSERT_OK(segment);
   const reference::ReferencePool reference(
       gpu_testing::ReferenceSpec(e.pool()));
