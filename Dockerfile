@@ -46,10 +46,10 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
 
 # ---------------------------------------------------------------------------
 # Runtime stage: the shared libraries of `ldd hostkvd` / `ldd hostkv` (gRPC
-# 1.51, protobuf, abseil, spdlog/fmt, prometheus-cpp, hiredis 0.14 for the
-# Redis/Valkey storage tier (--tier=redis://...); c-ares, re2, OpenSSL,
-# civetweb and zlib come as their dependencies, libstdc++ with the base
-# image). No compiler, no headers. tests/deploy checks that every library ldd
+# 1.51, protobuf, abseil, spdlog/fmt, prometheus-cpp's core (hostkvd serves
+# /metrics itself: no prometheus-cpp-pull, no civetweb), hiredis 0.14 for the
+# Redis/Valkey storage tier (--tier=redis://...); c-ares, re2, OpenSSL and
+# zlib come as their dependencies, libstdc++ with the base image). No compiler, no headers. tests/deploy checks that every library ldd
 # finds comes from this list's package closure.
 FROM debian:12-slim AS runtime
 ARG DEBIAN_FRONTEND=noninteractive
@@ -62,7 +62,7 @@ LABEL org.opencontainers.image.title="hostkvd" \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libspdlog1.10 \
-      libfmt9 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libhiredis0.14 \
+      libfmt9 libprometheus-cpp-core1.0 libhiredis0.14 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 hostkv \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
@@ -73,7 +73,12 @@ COPY deploy/entrypoint.sh /usr/local/bin/hostkvd-entrypoint
 USER 10001:10001
 # The gRPC socket (and PATH.session, PATH.lock) for the engines; gRPC is not
 # on TCP unless --listen=HOST:PORT is given. TCP 9464: Prometheus /metrics
-# (--metrics_listen, in CMD below).
+# (--metrics_listen, in CMD below), the Prometheus convention. It shows only
+# counts (pools, sessions, RPCs, copies, the page cache, the tier) and
+# page-cache namespaces as hashes (the first 12 hex digits of their SHA-256),
+# never their names or any key or page. Add --metrics_token_file=FILE (0600
+# or 0440; /metrics then answers 401 without "Authorization: Bearer TOKEN")
+# where the port is reachable by more than the scraper, or drop the flag.
 VOLUME ["/run/hostkv"]
 EXPOSE 9464/tcp
 # SIGTERM drains queued copies, then stops; a second signal exits at once.

@@ -26,7 +26,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
@@ -35,6 +34,7 @@
 #include "server/operations/daemon_options.h"
 #include "server/operations/flag_sources.h"
 #include "server/transfer/gpu_backend.h"
+#include "server/service/auth_token.h"
 #include "server/service/grpc_service.h"
 #include "server/service/health_service.h"
 #include "server/operations/tier_report.h"
@@ -99,7 +99,7 @@ struct Daemon {
   std::unique_ptr<SessionMonitor> monitor;
   std::shared_ptr<StateCollector> collector;
   std::shared_ptr<TierCollector> tier_collector;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
 };
 
 // The CUDA backend when there is a GPU (and --cuda allows it). Nothing
@@ -172,23 +172,31 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
 }
 
 absl::Status StartMetrics(const DaemonOptions& o, Daemon& d) {
-  const std::string& address = o.metrics_listen;
-  if (address.empty()) return absl::OkStatus();
-  try {
-    d.exposer = std::make_unique<prometheus::Exposer>(address, 1);
-  } catch (const std::exception& e) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--metrics_listen ", address, ": ", e.what()));
-  }
+  if (o.metrics_listen.empty()) return absl::OkStatus();
   d.collector = std::make_shared<StateCollector>(d.pools.get(), d.sessions.get(),
                                                  d.budget.get());
-  d.exposer->RegisterCollectable(d.registry);
-  d.exposer->RegisterCollectable(d.collector);
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {
+      d.registry, d.collector};
   if (d.tier != nullptr) {
     d.tier_collector = std::make_shared<TierCollector>(d.tier.get());
-    d.exposer->RegisterCollectable(d.tier_collector);
+    collectables.push_back(d.tier_collector);
   }
-  spdlog::info("metrics on http://{}/metrics", address);
+  MetricsEndpointOptions options;
+  options.listen = o.metrics_listen;
+  options.namespace_names = o.metrics_namespace_names;
+  if (!o.metrics_token.empty()) {
+    auto token = std::make_shared<const TokenAuthorizer>(o.metrics_token);
+    options.authorize = [token](absl::string_view authorization) {
+      return token->Matches(authorization);
+    };
+  }
+  ASSIGN_OR_RETURN(
+      d.metrics_endpoint,
+      MetricsEndpoint::Start(std::move(options), std::move(collectables)));
+  spdlog::info("metrics on http://{}/metrics ({}; namespaces {})",
+               o.metrics_listen,
+               o.metrics_token.empty() ? "no token asked" : "token asked",
+               o.metrics_namespace_names ? "by name" : "hashed");
   return absl::OkStatus();
 }
 

@@ -1,9 +1,13 @@
 #include "server/operations/daemon_options.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,10 +16,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/contract/shm_segment.h"
 #include "proto/contract/status_macros.h"
 #include "server/operations/byte_size.h"
-#include "server/operations/tier_flags.h"
 #include "server/operations/logging.h"
+#include "server/operations/tier_flags.h"
 #include "server/pool/pool_access.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/hostkv/hostkvd.sock",
@@ -35,7 +41,8 @@ ABSL_FLAG(bool, allow_unverified_shm_names, false,
           "single-user setups");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a shared token; every call must then carry "
-          "'authorization: Bearer <token>' (meant for TCP)");
+          "'authorization: Bearer <token>' (meant for TCP). Refused if other "
+          "users may read or write it (chmod 0600; group access is allowed)");
 ABSL_FLAG(bool, health_probe_without_token, false,
           "with --auth_token_file, let grpc.health.v1 Check of \"\" (the whole "
           "server) answer without the token, for kubelet/docker probes; every "
@@ -59,7 +66,16 @@ ABSL_FLAG(std::string, log_format, "text",
           "text, or json (one object per line) for log collectors");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT serving Prometheus /metrics (e.g. 0.0.0.0:9464); empty = "
-          "no metrics endpoint");
+          "no metrics endpoint. It shows counts per pool and per page-cache "
+          "namespace (hashed unless --metrics_namespace_names)");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "file holding a token /metrics then asks for ('Authorization: "
+          "Bearer <token>', else 401); refused if other users may read or "
+          "write it (chmod 0600; group access is allowed)");
+ABSL_FLAG(bool, metrics_namespace_names, false,
+          "label the page-cache series of /metrics with each namespace's name "
+          "instead of the first 12 hex digits of its SHA-256 (names can tell "
+          "one user what another runs: for single-tenant nodes)");
 ABSL_FLAG(int, copy_threads, 0,
           "threads copying pages on the CPU backend (0 = one per core but "
           "one, which is left to the gRPC threads)");
@@ -146,6 +162,8 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "log_level",
                                              "log_format",
                                              "metrics_listen",
+                                             "metrics_token_file",
+                                             "metrics_namespace_names",
                                              "copy_threads",
                                              "signal_records",
                                              "max_page_io",
@@ -183,17 +201,6 @@ absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
         absl::StrCat("--", name, ": ", bytes.status().message()));
   }
   return bytes;
-}
-
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  if (path.empty()) return std::string();
-  std::ifstream file(path);
-  std::string token;
-  if (!file || !std::getline(file, token) || token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file ", path, ": cannot read a token"));
-  }
-  return token;
 }
 
 absl::StatusOr<gid_t> ResolveGroup(const std::string& name,
@@ -320,8 +327,11 @@ absl::Status ResolveAddress(DaemonOptions& o) {
   }
   ASSIGN_OR_RETURN(o.socket_gid,
                    ResolveGroup(absl::GetFlag(FLAGS_socket_group)));
-  ASSIGN_OR_RETURN(o.auth_token,
-                   ReadToken(absl::GetFlag(FLAGS_auth_token_file)));
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (!token_file.empty()) {
+    ASSIGN_OR_RETURN(o.auth_token,
+                     ReadSecretFile("auth_token_file", token_file, "a token"));
+  }
   o.health.auth_token = o.auth_token;
   o.health.probe_without_token =
       absl::GetFlag(FLAGS_health_probe_without_token);
@@ -333,7 +343,77 @@ absl::Status ResolveAddress(DaemonOptions& o) {
   return absl::OkStatus();
 }
 
+// `path` opened for reading, if it is a regular file that other users can
+// neither read nor write; InvalidArgument starting with `name` otherwise.
+absl::StatusOr<ScopedFd> OpenPrivateFile(const std::string& name,
+                                         const std::string& path) {
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
+  // waiting for a writer.
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+  if (fd.get() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": cannot open it: ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": cannot stat it: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is not a regular file"));
+  }
+  const unsigned mode = st.st_mode & 07777;
+  if ((mode & 0006) != 0) {
+    const char* access = (mode & 0006) == 0006 ? "read and write"
+                         : (mode & 0004) != 0  ? "read"
+                                               : "write";
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: mode %04o lets other users %s it; chmod 0600 %s (group access, "
+        "0640 or 0440, is allowed)",
+        name, mode, access, path));
+  }
+  return fd;
+}
+
+// The bytes of `fd` before the first newline (all of them without one), at
+// most 64 KiB; InvalidArgument starting with `name` otherwise.
+absl::StatusOr<std::string> ReadFirstLine(const std::string& name, int fd) {
+  constexpr size_t kMaxLine = 64 << 10;
+  std::string text;
+  char buf[4096];
+  while (text.find('\n') == std::string::npos) {
+    if (text.size() > kMaxLine) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": its first line is longer than 64 KiB"));
+    }
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": cannot read it: ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  text.resize(std::min(text.find('\n'), text.size()));
+  return text;
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag,
+                                           const std::string& path,
+                                           absl::string_view what) {
+  const std::string name = absl::StrCat("--", flag, " ", path);
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenPrivateFile(name, path));
+  ASSIGN_OR_RETURN(std::string secret, ReadFirstLine(name, fd.get()));
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": cannot read ", what, " (its first line is empty)"));
+  }
+  return secret;
+}
 
 absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
   DaemonOptions o;
@@ -385,6 +465,14 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
       threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, cores - 1);
   o.config_path = absl::GetFlag(FLAGS_config);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const std::string metrics_token_file =
+      absl::GetFlag(FLAGS_metrics_token_file);
+  if (!metrics_token_file.empty()) {
+    ASSIGN_OR_RETURN(
+        o.metrics_token,
+        ReadSecretFile("metrics_token_file", metrics_token_file, "a token"));
+  }
+  o.metrics_namespace_names = absl::GetFlag(FLAGS_metrics_namespace_names);
   ASSIGN_OR_RETURN(o.tier, ReadTierFlags());
   return o;
 }

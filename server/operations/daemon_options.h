@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "hostkv/v1/hostkv.pb.h"
-#include "server/transfer/gpu_backend.h"
-#include "server/service/health_service.h"
 #include "server/pool/pool_registry.h"
+#include "server/service/health_service.h"
 #include "server/service/request_handler.h"
 #include "server/sessions/session_monitor.h"
 #include "server/sessions/session_registry.h"
+#include "server/transfer/gpu_backend.h"
 
 namespace hostkv {
 
@@ -42,6 +43,8 @@ struct DaemonOptions {
   v1::PoolAccess config_pool_access = v1::POOL_ACCESS_GROUP;
   std::string config_path;     // --config
   std::string metrics_listen;  // --metrics_listen
+  std::string metrics_token;   // from --metrics_token_file; empty: none asked
+  bool metrics_namespace_names = false;  // --metrics_namespace_names
 };
 
 // Every flag by name, for the config file and HOSTKVD_<FLAG> sources.
@@ -49,6 +52,19 @@ const std::vector<std::string>& DaemonFlagNames();
 
 // The parsed flags, checked; InvalidArgument naming the flag otherwise.
 absl::StatusOr<DaemonOptions> ReadDaemonOptions();
+
+// The first line of the secret file `path` that the flag `--<flag>` names
+// (`what`: "a token", "a password"). Refuses, with InvalidArgument naming
+// the file, its mode in octal and the chmod that fixes it, a file that other
+// users may read or write (mode & 0006) or that is not a regular file; group
+// access is allowed (Kubernetes mounts Secrets group-readable for the pod's
+// fsGroup). The mode checked is the opened file's (fstat on the descriptor
+// that is read), so a symlink such as a Secret's ..data link is judged by
+// what it points at, and nothing can swap the file between check and read.
+// InvalidArgument also when it cannot be opened or its first line is empty.
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag,
+                                           const std::string& path,
+                                           absl::string_view what);
 
 // Sets up logging from --log_level and --log_format.
 absl::Status SetUpLoggingFromFlags();

@@ -1,18 +1,19 @@
 #include "server/operations/tier_flags.h"
 
-#include <fstream>
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/operations/byte_size.h"
+#include "server/operations/daemon_options.h"
 
 ABSL_FLAG(std::string, tier, "",
           "a storage tier under the page cache: redis://HOST:PORT[,HOST:PORT"
           "...] (Redis or Valkey; a cluster is detected), redis-cluster://"
           "HOST:PORT[,...], redis+unix:/PATH, or file:/PATH; empty: none");
 ABSL_FLAG(std::string, tier_password_file, "",
-          "file whose first line is the Redis password (AUTH)");
+          "file whose first line is the Redis password (AUTH); refused if "
+          "other users may read or write it (chmod 0600; group access is "
+          "allowed)");
 ABSL_FLAG(absl::Duration, tier_timeout, absl::Seconds(2),
           "each store call's timeout (Redis: connect, and each socket read "
           "and write)");
@@ -61,11 +62,10 @@ absl::StatusOr<TierConfig> ReadTierFlags() {
   c.url = absl::GetFlag(FLAGS_tier);
   const std::string password_file = absl::GetFlag(FLAGS_tier_password_file);
   if (!password_file.empty()) {
-    std::ifstream file(password_file);
-    if (!file || !std::getline(file, c.password) || c.password.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tier_password_file ", password_file, ": cannot read a password"));
-    }
+    absl::StatusOr<std::string> password =
+        ReadSecretFile("tier_password_file", password_file, "a password");
+    if (!password.ok()) return password.status();
+    c.password = *std::move(password);
   }
   c.timeout = absl::GetFlag(FLAGS_tier_timeout);
   c.fsync = absl::GetFlag(FLAGS_tier_fsync);

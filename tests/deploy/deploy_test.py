@@ -39,7 +39,15 @@ manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
     --tier_read_only), --tier_password_file in a Secret mounted read-only
     that has the key; the daemon started for the test gets a Redis address
     nobody listens on (it must serve with the tier down), a temporary
-    directory, a temporary password file.
+    directory, a temporary password file;
+  - every Secret volume has an explicit defaultMode (and every item's mode)
+    that lets no other user read or write the file once kubelet applied the
+    pod's fsGroup (hostkvd refuses such a secret file; Kubernetes' default is
+    0644), and a Secret hostkvd reads is readable by it: fsGroup set and
+    group-readable (the files are root's); the temporary secret files of the
+    daemon started for the test get that very mode;
+  - with --metrics_token_file, /metrics answers 401 without the token and
+    serves with it.
 dockerfile: the Dockerfile's runtime stage runs as a non-root numeric user
   (the one the manifests name), has HEALTHCHECK `hostkv ... health` on the
   socket of its CMD's --listen, STOPSIGNAL SIGTERM, VOLUME = the socket
@@ -299,10 +307,19 @@ def wait_for(predicate, timeout):
     return predicate()
 
 
-def run_daemon(args, protos, config, where, probes, cli, workdir):
+def write_secret(path, text, mode):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # whatever the umask
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def run_daemon(args, protos, config, where, probes, cli, workdir, secret_modes=None):
     """Starts hostkvd with the container's flags (--listen replaced by a temp
-    socket, --memory_reserve 0, the config shrunk), runs every probe command
-    against it, and returns {pool name: bytes_per_token}."""
+    socket, --memory_reserve 0, the config shrunk, each secret file
+    (--tier_password_file, --metrics_token_file) a temporary one with the
+    mode secret_modes gives its flag, 0600 otherwise), runs every probe
+    command against it, and returns {pool name: bytes_per_token}."""
     import grpc
     tmp = tempfile.mkdtemp(prefix="run-", dir=workdir)
     sock = os.path.join(tmp, "hostkvd.sock")
@@ -314,15 +331,17 @@ def run_daemon(args, protos, config, where, probes, cli, workdir):
     # path that does not exist (the tier is down: the daemon must start and
     # serve anyway), a file tier a temporary directory, the password file a
     # temporary file.
+    metrics_token = None
     for i, a in enumerate(argv):
-        m = re.match(r"^--?(tier|tier_password_file)=(.*)$", a)
+        m = re.match(r"^--?(tier|tier_password_file|metrics_token_file)=(.*)$", a)
         if not m or not m.group(2):
             continue
-        if m.group(1) == "tier_password_file":
-            path = os.path.join(tmp, "tier-password")
-            with open(path, "w") as f:
-                f.write("deploy-test\n")
-            argv[i] = f"--tier_password_file={path}"
+        if m.group(1) in ("tier_password_file", "metrics_token_file"):
+            path = os.path.join(tmp, m.group(1))
+            write_secret(path, "deploy-test\n", (secret_modes or {}).get(m.group(1), 0o600))
+            argv[i] = f"--{m.group(1)}={path}"
+            if m.group(1) == "metrics_token_file":
+                metrics_token = "deploy-test"
         elif m.group(2).startswith("redis://"):
             argv[i] = f"--tier=redis://127.0.0.1:{free_port()}"
         elif m.group(2).startswith("redis+unix:"):
@@ -370,15 +389,8 @@ def run_daemon(args, protos, config, where, probes, cli, workdir):
                                   f"{r.stderr.strip()}"):
                 note(f"  {what}: `{shlex.join(command)}` exits 0 against the daemon")
         if "metrics_listen" in http:
-            import urllib.request
-            url = f"http://127.0.0.1:{http['metrics_listen']}/metrics"
-            try:
-                with urllib.request.urlopen(url, timeout=10) as resp:
-                    body = resp.read().decode()
-                F.check("hostkv_" in body, where, f"{url} serves no hostkv_ metrics")
-                note(f"  {where}: --metrics_listen serves /metrics")
-            except OSError as e:
-                F.fail(where, f"--metrics_listen: GET {url}: {e}")
+            check_metrics(f"http://127.0.0.1:{http['metrics_listen']}/metrics", metrics_token,
+                          where)
         channel = grpc.insecure_channel(f"unix:{sock}")
         stub = protos.grpc.HostKVStub(channel)
         pools = stub.ListPools(protos.pb.ListPoolsRequest(), timeout=10).pools
@@ -399,6 +411,30 @@ def run_daemon(args, protos, config, where, probes, cli, workdir):
             daemon.kill()
             daemon.wait()
         log.close()
+
+
+def check_metrics(url, token, where):
+    """GET url serves hostkv_ metrics (with the token, if one is asked, and
+    401 without it)."""
+    import urllib.error
+    import urllib.request
+    try:
+        if token is not None:
+            try:
+                urllib.request.urlopen(url, timeout=10).close()
+                F.fail(where, f"{url} served without the --metrics_token_file token")
+            except urllib.error.HTTPError as e:
+                F.check(e.code == 401, where, f"{url} without the token: {e.code}, not 401")
+        request = urllib.request.Request(url)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            body = resp.read().decode()
+        F.check("hostkv_" in body, where, f"{url} serves no hostkv_ metrics")
+        note(f"  {where}: --metrics_listen serves /metrics"
+             + (" (with the token only)" if token is not None else ""))
+    except OSError as e:
+        F.fail(where, f"--metrics_listen: GET {url}: {e}")
 
 
 def check_config_sizes(config, bytes_per_token, budget, where):
@@ -554,7 +590,10 @@ def config_text(spec, container, configmaps, namespace, where):
 def check_k8s_tier(values, spec, container, docs, namespace, where):
     """--tier points at what the file provides: a Service NAME.NAMESPACE.svc
     of the file that has the port; a file tier or Redis Unix socket in a
-    mounted volume; the password file in a mounted Secret that has that key."""
+    mounted volume; the password file in a mounted Secret that has that key,
+    readable by the daemon. Returns {"tier_password_file": its file mode}
+    (empty without one)."""
+    modes = {}
     def find(kind, name, ns):
         return next((d for d in docs if d.get("kind") == kind
                      and (d.get("metadata") or {}).get("name") == name
@@ -606,6 +645,10 @@ def check_k8s_tier(values, spec, container, docs, namespace, where):
             rel = m["subPath"] if m.get("subPath") else os.path.relpath(password, m["mountPath"])
             items = v["secret"].get("items")
             key = next((i["key"] for i in items if i.get("path") == rel), None) if items else rel
+            mode = check_secret_readable(spec, v, key, security(spec, container, "runAsUser"),
+                                         where, "--tier_password_file")
+            if mode is not None:
+                modes["tier_password_file"] = mode
             secret = find("Secret", v["secret"].get("secretName"), namespace)
             if secret is not None:
                 keys = set((secret.get("data") or {})) | set((secret.get("stringData") or {}))
@@ -614,6 +657,67 @@ def check_k8s_tier(values, spec, container, docs, namespace, where):
             else:
                 F.check(key is not None, where, f"--tier_password_file={password}: the Secret "
                                                 f"volume's items do not map {rel}")
+    return modes
+
+
+# What kubelet adds to a read-only (Secret, ConfigMap) volume's file modes
+# when the pod has an fsGroup (pkg/volume/volume_linux.go: roMask): the
+# files become group fsGroup, and group-readable.
+FSGROUP_READ = 0o440
+
+
+def secret_file_mode(spec, v, key=None):
+    """The mode kubelet gives the files of Secret volume v (the item mapping
+    key, if given): its item's mode or defaultMode (None: none given), with
+    the fsGroup bits."""
+    secret = v.get("secret") or {}
+    mode = secret.get("defaultMode")
+    for item in secret.get("items") or []:
+        if key is not None and item.get("key") == key and "mode" in item:
+            mode = item["mode"]
+    if mode is None:
+        return None
+    if (spec.get("securityContext") or {}).get("fsGroup") is not None:
+        mode |= FSGROUP_READ
+    return mode
+
+
+def check_k8s_secret_volumes(spec, where):
+    """Every Secret volume names its mode, and no other user may read or
+    write its files (hostkvd refuses such a secret file)."""
+    for v in spec.get("volumes") or []:
+        if "secret" not in v:
+            continue
+        name = v.get("name")
+        items = (v["secret"].get("items") or [])
+        keys = [i.get("key") for i in items] or [None]
+        for key in keys:
+            mode = secret_file_mode(spec, v, key)
+            what = f"Secret volume {name}" + (f" item {key}" if key else "")
+            if not F.check(mode is not None, where,
+                           f"{what} has no defaultMode: Kubernetes' default 0644 lets every "
+                           f"user of the node read it, and hostkvd refuses such a file"):
+                continue
+            F.check(mode & 0o007 == 0, where,
+                    f"{what}: mode {mode:04o} lets other users read or write it (hostkvd "
+                    f"refuses it): use defaultMode 0440 with the pod's fsGroup, or 0400")
+            if mode & 0o007 == 0:
+                note(f"  {where}: {what}: mode {mode:04o}")
+
+
+def check_secret_readable(spec, v, key, uid, where, flag):
+    """The daemon (uid, not root) can read a file of Secret volume v: the
+    files are root's, so only through the fsGroup's read bit. Returns the
+    file's mode (or None)."""
+    mode = secret_file_mode(spec, v, key)
+    fs_group = (spec.get("securityContext") or {}).get("fsGroup")
+    if mode is None or uid == 0:
+        return mode
+    F.check(fs_group is not None and mode & 0o040, where,
+            f"{flag}: the Secret's files are root's {mode:04o}"
+            + ("" if fs_group is not None else " without an fsGroup")
+            + f": uid {uid} cannot read them (set the pod's fsGroup, defaultMode 0440)")
+    return mode
 
 
 def check_k8s_file(path, docs, protos, cli, workdir):
@@ -630,6 +734,7 @@ def check_k8s_file(path, docs, protos, cli, workdir):
         md = d.get("metadata") or {}
         namespace = md.get("namespace", "default")
         spec = pod_spec(d)
+        check_k8s_secret_volumes(spec, f"{rel}: {d['kind']}/{md.get('name')}")
         for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
             where = f"{rel}: {d['kind']}/{md.get('name')}: container {c.get('name')}"
             image = c.get("image", "")
@@ -658,7 +763,7 @@ def check_k8s_file(path, docs, protos, cli, workdir):
             if name.startswith("HOSTKVD_") and name != "HOSTKVD_CONFIG":
                 F.check(name[len("HOSTKVD_"):].lower() in HOSTKVD.flags, where,
                         f"env {name} names no hostkvd flag")
-        check_k8s_tier(values, spec, c, docs, namespace, where)
+        secret_modes = check_k8s_tier(values, spec, c, docs, namespace, where)
         socket_path = listen_socket(HOSTKVD, values, where)
         if socket_path is None:
             continue
@@ -696,7 +801,8 @@ def check_k8s_file(path, docs, protos, cli, workdir):
         config = parse_config(protos, text, f"{where}: {CONFIG_PATH}") if text else None
         if config is not None:
             check_config_flags(config, f"{where}: {CONFIG_PATH}")
-        bpt = run_daemon(args, protos, config, where, probes, cli, workdir)
+        bpt = run_daemon(args, protos, config, where, probes, cli, workdir,
+                         secret_modes=secret_modes)
 
         budget = parse_hostkvd_bytes(HOSTKVD.flag(values, "memory_budget")) or 0
         F.check(budget > 0, where, "no --memory_budget: in a container hostkvd sees the node's "

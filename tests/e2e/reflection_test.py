@@ -10,6 +10,7 @@ for hostkv or health. Checks the numbers the demo left behind.
 usage: reflection_test.py HOSTKVD HOSTKV_CLI
 """
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -189,6 +190,11 @@ def main():
         assert "hostkv_tier_up 1" in metrics, metrics
         assert 'hostkv_tier_writes_total{result="written"} 2' in metrics, metrics
         assert "hostkv_tier_put_seconds_count" in metrics, metrics
+        # Namespaces are labelled by a hash (no --metrics_namespace_names).
+        ops_demo = hashlib.sha256(b"ops-demo").hexdigest()[:12]
+        assert "ops-demo" not in metrics, metrics
+        assert f'hostkv_cache_cached_pages{{namespace="{ops_demo}",pool="ops"}} 2' in metrics, \
+            metrics
 
         for service in ("", "hostkv.v1.HostKV", "hostkv.tier"):
             health = reflector.unary(channel, "grpc.health.v1.Health", "Check",

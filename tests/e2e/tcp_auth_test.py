@@ -71,7 +71,9 @@ class Daemon:
     def __init__(self, hostkvd, workdir, *flags):
         self.port = free_port()
         token_file = os.path.join(workdir, "token")
-        with open(token_file, "w") as f:
+        # 0600: hostkvd refuses a token file other users may read.
+        with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                       "w") as f:
             f.write(TOKEN + "\n")
         config = os.path.join(workdir, "pools.textproto")
         with open(config, "w") as f:

@@ -18,6 +18,16 @@ import pytest
 import hostkv
 
 
+def write_secret(path, text, mode=0o600):
+    """Writes a token or password file as hostkvd takes it: others may
+    neither read nor write it (0600 by default, whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # the umask, or an existing file's mode, may differ
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
 def hostkvd_binary():
     path = os.environ.get("HOSTKVD")
     if not path or not os.access(path, os.X_OK):
@@ -42,9 +52,7 @@ class Daemon:
             args.append(f"--listen=unix:{self.sock}")
             self.target = f"unix:{self.sock}"
         if token:
-            token_file = os.path.join(self.workdir, "token")
-            with open(token_file, "w") as f:
-                f.write(token + "\n")
+            token_file = write_secret(os.path.join(self.workdir, "token"), token + "\n")
             args.append(f"--auth_token_file={token_file}")
         self.process = subprocess.Popen(args)
         self._wait_ready(tcp, token)
