@@ -96,7 +96,34 @@ PageCache::PageCache(uint64_t num_pages)
   keys_.reserve(num_pages + num_pages / 8 + 1);
 }
 
-PageCache::~PageCache() = default;
+PageCache::~PageCache() {
+  if (charged_refs_ != 0 && charge_.release) {
+    charge_.release(charged_refs_ * kReferenceBytes);
+  }
+}
+
+absl::Status PageCache::ChargeReferences(uint64_t more) {
+  if (more > kMaxReferences - total_refs_) return TooManyReferences();
+  const uint64_t needed = total_refs_ + more;
+  if (needed <= charged_refs_ || !charge_.reserve) return absl::OkStatus();
+  const uint64_t steps = (needed - charged_refs_ + kChargeStep - 1) / kChargeStep;
+  RETURN_IF_ERROR(charge_.reserve(steps * kChargeStep * kReferenceBytes));
+  charged_refs_ += steps * kChargeStep;
+  return absl::OkStatus();
+}
+
+void PageCache::UnchargeReferences() {
+  if (!charge_.release || charged_refs_ < total_refs_ + 2 * kChargeStep) return;
+  const uint64_t keep =
+      (total_refs_ + kChargeStep - 1) / kChargeStep * kChargeStep + kChargeStep;
+  charge_.release((charged_refs_ - keep) * kReferenceBytes);
+  charged_refs_ = keep;
+}
+
+uint64_t PageCache::charged_references() const {
+  absl::MutexLock lock(&mu_);
+  return charged_refs_;
+}
 
 PageCache::Entry& PageCache::At(uint32_t page) {
   return chunks_[page >> kChunkBits][page & kChunkMask];
@@ -243,9 +270,7 @@ absl::StatusOr<std::vector<PublishResult>> PageCache::Publish(
     bool acquire, OwnerTag session) {
   RETURN_IF_ERROR(CheckPublish(name_space, items, acquire, session));
   absl::MutexLock lock(&mu_);
-  if (acquire && total_refs_ + items.size() > kMaxReferences) {
-    return TooManyReferences();
-  }
+  if (acquire) RETURN_IF_ERROR(ChargeReferences(items.size()));
   ASSIGN_OR_RETURN(const uint16_t ns, InternLocked(name_space));
   const size_t n = items.size();
   std::vector<PublishResult> results(n);
@@ -332,9 +357,7 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     }
   }
   const size_t hits = result.pages.size();
-  if (acquire && total_refs_ + hits > kMaxReferences) {
-    return TooManyReferences();
-  }
+  if (acquire) RETURN_IF_ERROR(ChargeReferences(hits));
   Count(ns, &CacheCounters::hits, static_cast<int64_t>(hits));
   if (count_misses) {
     Count(ns, &CacheCounters::misses, static_cast<int64_t>(n - hits));
@@ -362,7 +385,7 @@ absl::StatusOr<std::vector<uint64_t>> PageCache::ReferenceKeys(
   absl::MutexLock lock(&mu_);
   auto ns_it = namespace_ids_.find(name_space);
   if (ns_it == namespace_ids_.end()) return pages;
-  if (total_refs_ + keys.size() > kMaxReferences) return TooManyReferences();
+  RETURN_IF_ERROR(ChargeReferences(keys.size()));
   const uint16_t ns = ns_it->second;
   SessionRefs* held = nullptr;
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -238,6 +239,26 @@ class PageCache {
   uint32_t References(uint64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
   // References `session` holds, on all pages.
   uint64_t ReferencesHeldBy(OwnerTag session) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Their sum over `sessions` (one lock).
+  uint64_t ReferencesHeldBy(absl::Span<const OwnerTag> sessions) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Where the heap the references take is charged (the daemon's memory
+  // budget): `reserve` (bytes; an error refuses the references that needed
+  // them) and `release`. Charged kReferenceBytes a reference, in steps of
+  // kChargeStep references, given back with one step of slack as they are
+  // dropped. Set once, before the cache is shared.
+  struct ReferenceCharge {
+    std::function<absl::Status(uint64_t bytes)> reserve;
+    std::function<void(uint64_t bytes)> release;
+  };
+  static constexpr uint64_t kReferenceBytes = 24;  // (session, page) map slot
+  static constexpr uint64_t kChargeStep = 65536;   // 1.5 MiB
+  void set_reference_charge(ReferenceCharge charge) {
+    charge_ = std::move(charge);
+  }
+  // References charged so far (a multiple of kChargeStep).
+  uint64_t charged_references() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Bytes the cache has allocated: entry chunks, the key index, the
   // sessions' reference maps (their slots; not the namespaces' names).
@@ -359,6 +380,11 @@ class PageCache {
   void Unlink(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the entry used now (and moves it to the hot end if evictable).
   void Touch(uint32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Room for `more` references: the cache's limit, then the budget.
+  absl::Status ChargeReferences(uint64_t more)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what the references no longer need, keeping one step.
+  void UnchargeReferences() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A reference more / count fewer on the entry, and on the session's count
   // (AddRef) or not (DropRefs: the caller's business).
   void AddRef(uint32_t page, SessionRefs& held)
@@ -411,6 +437,9 @@ class PageCache {
   // Part of total_.misses: lookups in namespaces never published in.
   uint64_t unknown_namespace_misses_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t total_refs_ ABSL_GUARDED_BY(mu_) = 0;  // all sessions, all pages
+  // ReferenceCharge: references paid for in the budget.
+  ReferenceCharge charge_;
+  uint64_t charged_refs_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<OwnerTag, SessionRefs> refs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -90,6 +90,7 @@ absl::StatusOr<uint64_t> PageCache::Release(OwnerTag session,
   DropTakenLocked(held, runs);
   held.total -= taken;
   if (held.total == 0) refs_.erase(session_it);
+  UnchargeReferences();
   return taken;
 }
 
@@ -100,6 +101,7 @@ uint64_t PageCache::ReleaseAll(OwnerTag session) {
   for (const auto& [page, count] : it->second.by_page) DropRefs(page, count);
   const uint64_t dropped = it->second.total;
   refs_.erase(it);
+  UnchargeReferences();
   return dropped;
 }
 
@@ -132,6 +134,17 @@ bool PageCache::IsCached(uint64_t page) const {
 uint32_t PageCache::References(uint64_t page) const {
   absl::MutexLock lock(&mu_);
   return CachedLocked(page) ? At(static_cast<uint32_t>(page)).refs : 0;
+}
+
+uint64_t PageCache::ReferencesHeldBy(
+    absl::Span<const OwnerTag> sessions) const {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (OwnerTag session : sessions) {
+    auto it = refs_.find(session);
+    if (it != refs_.end()) total += it->second.total;
+  }
+  return total;
 }
 
 uint64_t PageCache::ReferencesHeldBy(OwnerTag session) const {

@@ -128,10 +128,14 @@ ABSL_FLAG(std::string, cache_share, "owner",
           "uid that first published in it (and root): owner (nobody), "
           "group:NAME (members of that group) or any");
 ABSL_FLAG(int, max_cache_namespaces_per_uid, 256,
-          "page-cache namespaces one uid may claim in each pool");
+          "page-cache namespaces one uid may claim (in all pools together: a "
+          "namespace is its first publisher's in every pool)");
 ABSL_FLAG(int, max_cache_refs_per_session, 1 << 22,
           "references one session may hold on cached pages (each keeps a "
           "page from eviction)");
+ABSL_FLAG(int, max_cache_refs_per_uid, 1 << 24,
+          "references all sessions of one uid may hold on cached pages, in "
+          "all pools together (each takes ~24 bytes of the memory budget)");
 ABSL_FLAG(absl::Duration, cache_publish_wait, absl::Seconds(30),
           "a Publish of pages that copies in flight still fill waits this "
           "long for them, then fails changing nothing");
@@ -187,6 +191,7 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "cache_share",
                                              "max_cache_namespaces_per_uid",
                                              "max_cache_refs_per_session",
+                                             "max_cache_refs_per_uid",
                                              "cache_publish_wait",
                                              "max_copy_bytes",
                                              "health_probe_without_token",
@@ -255,6 +260,10 @@ absl::Status ReadCacheOptions(DaemonOptions& o) {
                    CountFlag("max_cache_refs_per_session",
                              absl::GetFlag(FLAGS_max_cache_refs_per_session)));
   o.limits.max_cache_refs_per_session = refs;
+  ASSIGN_OR_RETURN(const uint32_t uid_refs,
+                   CountFlag("max_cache_refs_per_uid",
+                             absl::GetFlag(FLAGS_max_cache_refs_per_uid)));
+  o.limits.max_cache_refs_per_uid = uid_refs;
   o.limits.cache_publish_wait = absl::GetFlag(FLAGS_cache_publish_wait);
   if (o.limits.cache_publish_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--cache_publish_wait must not be negative");

@@ -128,6 +128,13 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
   RETURN_IF_ERROR(budget_->Reserve(absl::StrCat(what, "'s page cache index"),
                                    cache_bytes));
   pool->set_cache_reservation(BudgetReservation(budget_, cache_bytes));
+  // References on cached pages are heap as they come: charged as they do.
+  MemoryBudget* budget = budget_;
+  const std::string refs_of =
+      absl::StrCat("references on cached pages of pool '", spec.name(), "'");
+  pool->cache().set_reference_charge(PageCache::ReferenceCharge{
+      [budget, refs_of](uint64_t bytes) { return budget->Reserve(refs_of, bytes); },
+      [budget](uint64_t bytes) { budget->Release(bytes); }});
   spdlog::info(
       "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
       "bytes={} ({}) segment={} in {}",

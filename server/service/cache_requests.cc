@@ -89,6 +89,24 @@ absl::Status RequestHandler::CheckReferenceLimit(const CacheTarget& target,
         limits_.max_cache_refs_per_session,
         " --max_cache_refs_per_session allows (Release some first)"));
   }
+  // All sessions of the uid, in every pool: more sessions buy no more.
+  const std::optional<PeerCredentials> peer = target.session->peer();
+  const std::vector<OwnerTag> tags = sessions_->TagsOfUid(
+      peer.has_value() ? std::optional<uint32_t>(peer->uid) : std::nullopt);
+  uint64_t by_uid = 0;
+  for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+    by_uid += pool->cache().ReferencesHeldBy(tags);
+  }
+  if (more > limits_.max_cache_refs_per_uid ||
+      by_uid > limits_.max_cache_refs_per_uid - more) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the sessions of ",
+        peer.has_value() ? absl::StrCat("uid ", peer->uid)
+                         : std::string("unverified peers"),
+        " hold ", by_uid, " references on cached pages; ", more,
+        " more would pass the ", limits_.max_cache_refs_per_uid,
+        " --max_cache_refs_per_uid allows (Release some first)"));
+  }
   return absl::OkStatus();
 }
 

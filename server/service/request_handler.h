@@ -57,6 +57,9 @@ struct RequestLimits {
   // call may copy (it runs on the request's thread).
   absl::Duration cache_publish_wait = absl::Seconds(30);
   uint64_t max_cache_refs_per_session = uint64_t{1} << 22;
+  // ... and all sessions of one uid (the unverified ones count as one), in
+  // all pools.
+  uint64_t max_cache_refs_per_uid = uint64_t{1} << 24;
   uint64_t max_copy_bytes = uint64_t{1} << 30;
 };
 
@@ -202,7 +205,8 @@ class RequestHandler {
   absl::StatusOr<CacheTarget> ResolveCacheTarget(const SessionId& session_id,
                                                  const std::string& pool_name);
   // ResourceExhausted if `more` references would take the session past
-  // max_cache_refs_per_session.
+  // max_cache_refs_per_session, or its uid's sessions (all pools) past
+  // max_cache_refs_per_uid.
   absl::Status CheckReferenceLimit(const CacheTarget& target,
                                    uint64_t more) const;
   // A request that took references or pages for a session that ended

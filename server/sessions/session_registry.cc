@@ -269,6 +269,18 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
   return out;
 }
 
+std::vector<OwnerTag> SessionRegistry::TagsOfUid(
+    std::optional<uint32_t> peer_uid) const {
+  std::vector<OwnerTag> tags;
+  for (const std::shared_ptr<Session>& session : List()) {
+    const std::optional<PeerCredentials> peer = session->peer();
+    if (peer.has_value() != peer_uid.has_value()) continue;
+    if (peer.has_value() && peer->uid != *peer_uid) continue;
+    tags.push_back(session->tag());
+  }
+  return tags;
+}
+
 uint32_t SessionRegistry::ImportsOfUid(uint32_t uid) const {
   uint32_t imports = 0;
   for (const std::shared_ptr<Session>& session : List()) {

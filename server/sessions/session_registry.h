@@ -82,6 +82,10 @@ class SessionRegistry {
   void RecordEnd(const SessionId& id, const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Tags of the live sessions of `peer_uid` (nullopt: the sessions without
+  // a verified peer).
+  std::vector<OwnerTag> TagsOfUid(std::optional<uint32_t> peer_uid) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Imports held by the attached sessions of `uid`.
   uint32_t ImportsOfUid(uint32_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
 

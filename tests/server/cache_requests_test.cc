@@ -600,6 +600,7 @@ class LimitedCacheTest : public CacheRequestsTest {
   static RequestLimits Limited() {
     RequestLimits limits = CacheLimits();
     limits.max_cache_refs_per_session = 3;
+    limits.max_cache_refs_per_uid = 5;
     limits.cache_publish_wait = absl::Milliseconds(50);
     return limits;
   }
@@ -622,6 +623,40 @@ TEST_F(LimitedCacheTest, ReferencesAndPublishWaitsAreBounded) {
   EXPECT_ERROR(DeadlineExceeded, Publish(s, {"late"}, pages));
   pinned->Release();
   EXPECT_OK(Free(s, pages[0], 1));
+  ExpectConsistent();
+}
+
+// More sessions buy no more references: the uid's sessions share one cap.
+TEST_F(LimitedCacheTest, ReferencesAreCappedPerUid) {
+  const SessionId writer = OpenSession();
+  PublishFour(writer);
+  const SessionId a = OpenSession();
+  const SessionId b = OpenSession();
+  ASSERT_OK(Lookup(a, Keys(0, 3), true));
+  ASSERT_OK(Lookup(b, Keys(0, 2), true));
+  auto refused = Lookup(b, {"k2"}, true);
+  EXPECT_ERROR(ResourceExhausted, refused);
+  EXPECT_NE(refused.status().message().find("--max_cache_refs_per_uid"),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(2u, Pool().cache().ReferencesHeldBy(sessions_.Get(b).value()->tag()));
+  // Released references make room again.
+  auto k0 = Lookup(a, {"k0"});
+  ASSERT_OK(k0);
+  ASSERT_OK(Release(a, Flatten(k0->pages())));
+  EXPECT_OK(Lookup(b, {"k2"}, true));
+  ExpectConsistent();
+}
+
+// References on cached pages are charged to the memory budget.
+TEST_F(CacheRequestsTest, ReferencesAreChargedToTheMemoryBudget) {
+  const SessionId writer = OpenSession();
+  PublishFour(writer);
+  const uint64_t before = budget_.reserved_bytes();
+  const SessionId s = OpenSession();
+  ASSERT_OK(Lookup(s, Keys(0, 4), true));
+  EXPECT_EQ(budget_.reserved_bytes() - before,
+            PageCache::kChargeStep * PageCache::kReferenceBytes);
   ExpectConsistent();
 }
 

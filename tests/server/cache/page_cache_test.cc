@@ -678,5 +678,50 @@ TEST_F(PageCacheConcurrencyTest, InvariantsHoldUnderConcurrentUse) {
   ASSERT_OK(cache_->CheckConsistency());
 }
 
+// References are heap: charged to the budget in steps as they come, given
+// back (keeping one step) as they go, refused when the budget refuses.
+TEST(PageCacheChargeTest, ReferencesAreChargedAndRefusedPastTheBudget) {
+  constexpr uint64_t kStep = PageCache::kChargeStep;
+  constexpr uint64_t kStepBytes = kStep * PageCache::kReferenceBytes;
+  uint64_t charged = 0;
+  uint64_t limit = 2 * kStepBytes;
+  {
+    std::unique_ptr<PageCache> cache = MakeCache(4);
+    cache->set_reference_charge(PageCache::ReferenceCharge{
+        [&](uint64_t bytes) {
+          if (charged + bytes > limit) {
+            return absl::ResourceExhaustedError("budget");
+          }
+          charged += bytes;
+          return absl::OkStatus();
+        },
+        [&](uint64_t bytes) { charged -= bytes; }});
+    ASSERT_OK(cache->Publish("ns", "k", "", 0));
+    // One reference: one step charged.
+    std::vector<absl::string_view> one = {"k"};
+    ASSERT_OK(cache->Lookup("ns", one, true, kAlice));
+    EXPECT_EQ(charged, kStepBytes);
+    EXPECT_EQ(cache->charged_references(), kStep);
+    // The same key listed kStep + 1 times: a second step.
+    std::vector<absl::string_view> many(kStep + 1, "k");
+    ASSERT_OK(cache->Lookup("ns", many, true, kBob));
+    EXPECT_EQ(charged, 2 * kStepBytes);
+    // A third step is past the budget: refused, nothing taken or counted.
+    const uint64_t held = cache->ReferencesHeldBy(kAlice);
+    std::vector<absl::string_view> more(kStep, "k");
+    EXPECT_ERROR(ResourceExhausted, cache->Lookup("ns", more, true, kAlice));
+    EXPECT_EQ(cache->ReferencesHeldBy(kAlice), held);
+    EXPECT_EQ(charged, 2 * kStepBytes);
+    EXPECT_EQ(cache->References(0), kStep + 2);
+    // Bob lets go: one step of slack stays charged.
+    EXPECT_EQ(cache->ReleaseAll(kBob), kStep + 1);
+    EXPECT_EQ(charged, 2 * kStepBytes);  // 1 reference: 1 step + 1 slack
+    EXPECT_EQ(cache->ReleaseAll(kAlice), 1u);
+    EXPECT_EQ(charged, kStepBytes);
+    EXPECT_OK(cache->CheckConsistency());
+  }
+  EXPECT_EQ(charged, 0u);  // the cache gave back what it held
+}
+
 }  // namespace
 }  // namespace hostkv
