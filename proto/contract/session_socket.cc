@@ -1,7 +1,6 @@
 #include "proto/contract/session_socket.h"
 
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -12,10 +11,11 @@ ReceivedRecord ReceiveRecord(int socket, void* data, size_t size,
                              bool dont_wait) {
   ReceivedRecord out;
   iovec iov{data, size};
-  // Room for the credentials and a few descriptors; more are discarded by
-  // the kernel (MSG_CTRUNC) or closed below.
+  // Room for the credentials and as many descriptors as one record can
+  // carry: what does not fit is released by the kernel in this thread, and
+  // that release can block (a socket lingering on unsent data).
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred)) +
-                                CMSG_SPACE(4 * sizeof(int))];
+                                CMSG_SPACE(kMaxRecordFds * sizeof(int))];
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -40,10 +40,10 @@ ReceivedRecord ReceiveRecord(int socket, void* data, size_t size,
       for (size_t i = 0; i < n; ++i) {
         int fd;
         std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (out.fds++ == 0) {
+        if (out.fd.get() < 0) {
           out.fd = ScopedFd(fd);
         } else {
-          close(fd);
+          out.more_fds.emplace_back(fd);
         }
       }
     }

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "proto/contract/shm_segment.h"
 
@@ -38,7 +39,10 @@ enum class SessionMessageKind : uint32_t {
   kAttach = 2,
   // Hands the daemon one memfd (SCM_RIGHTS) of device buffers, sealed with
   // F_SEAL_SHRINK; the reply's `value` is the handle RegisterDeviceBuffers
-  // names it by (DeviceBuffer.passed_fd). Needs an attached session.
+  // names it by (DeviceBuffer.passed_fd). Needs an attached session. This is
+  // the only record that may carry a descriptor, and only this one: any
+  // other descriptor, extra descriptors, or descriptors on other records are
+  // refused (InvalidArgument) and closed.
   kPassFd = 3,
   // Asks for the "KV written" page of CUDA import `import_id` (registered
   // with gpu_signals by this session): the reply carries a memfd of one
@@ -83,20 +87,30 @@ struct SessionReply {
 static_assert(sizeof(SessionMessage) == 256, "wire format");
 static_assert(sizeof(SessionReply) == 256, "wire format");
 
+// The most descriptors one record can carry (the kernel's SCM_MAX_FD).
+inline constexpr size_t kMaxRecordFds = 253;
+
 // What arrived with a record.
 struct ReceivedRecord {
   ssize_t bytes = 0;  // recvmsg's result; 0 = closed, < 0 = error (errno)
   bool truncated = false;  // the record or its ancillary data was cut
-  ScopedFd fd;        // the first descriptor passed, if any (others closed)
-  int fds = 0;        // how many descriptors came
+  // Every descriptor that came, in order: the first in `fd`, the others in
+  // `more_fds`. None is closed here: the receiver decides how (hostkvd must
+  // not close a client's descriptor on a thread where the close can block).
+  ScopedFd fd;
+  std::vector<ScopedFd> more_fds;
   bool has_credentials = false;  // SCM_CREDENTIALS (needs SO_PASSCRED)
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+
+  // How many descriptors came.
+  size_t fd_count() const { return (fd.get() >= 0 ? 1 : 0) + more_fds.size(); }
 };
 
 // Receives one record of at most `size` bytes into `data`; never blocks when
-// `dont_wait`. Every descriptor beyond the first is closed.
+// `dont_wait`. There is room for kMaxRecordFds descriptors, so the kernel
+// drops none of them (a dropped one would be released in this thread).
 ReceivedRecord ReceiveRecord(int socket, void* data, size_t size,
                              bool dont_wait);
 

@@ -61,6 +61,22 @@ void Reply(int fd, const SessionReply& reply, int pass_fd = -1) {
   }
 }
 
+const char* KindName(SessionMessageKind kind) {
+  switch (kind) {
+    case SessionMessageKind::kOpen:
+      return "kOpen";
+    case SessionMessageKind::kAttach:
+      return "kAttach";
+    case SessionMessageKind::kPassFd:
+      return "kPassFd";
+    case SessionMessageKind::kFetchKvWord:
+      return "kFetchKvWord";
+    case SessionMessageKind::kFetchPoolSegment:
+      return "kFetchPoolSegment";
+  }
+  return "unknown";
+}
+
 std::vector<uint32_t> PeerGroups(int fd) {
   std::vector<gid_t> groups(64);
   socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
@@ -123,7 +139,7 @@ SessionMonitor::~SessionMonitor() {
     spdlog::warn("session monitor: cannot wake: {}", std::strerror(errno));
   }
   thread_.join();
-  for (const auto& [fd, c] : connections_) close(fd);
+  for (const auto& [fd, c] : connections_) CloseConnection(ScopedFd(fd));
   if (!socket_path_.empty()) unlink(socket_path_.c_str());
 }
 
@@ -156,6 +172,14 @@ void SessionMonitor::ShedOne() {
   // forever (and the client learns it was refused).
   reserve_ = ScopedFd();
   ScopedFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  // Records sent before the accept may carry descriptors, which closing it
+  // would release here, and there is no descriptor left to receive them
+  // into: the closer closes it. If the closer is full, it is closed here.
+  if (fd.get() >= 0) {
+    shutdown(fd.get(), SHUT_RDWR);
+    closer_.Enqueue(&fd);
+    fd = ScopedFd();
+  }
   reserve_ = ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
   spdlog::warn("session socket: out of file descriptors; refused a connection "
                "({} open)", connections_.size());
@@ -172,7 +196,10 @@ void SessionMonitor::Accept() {
     }
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      CloseConnection(std::move(fd));
+      continue;
+    }
     absl::Status refused;
     uint32_t& of_uid = per_uid_[cred.uid];
     if (connections_.size() >= limits_.max_connections) {
@@ -188,6 +215,7 @@ void SessionMonitor::Accept() {
       if (of_uid == 0) per_uid_.erase(cred.uid);
       Reply(fd.get(), ReplyFor(SessionMessageKind::kOpen, refused));
       spdlog::debug("session socket: {}", std::string(refused.message()));
+      CloseConnection(std::move(fd));
       continue;
     }
     ++of_uid;
@@ -212,8 +240,13 @@ bool SessionMonitor::Serve(int fd) {
   SessionMessage m{};
   ReceivedRecord got = ReceiveRecord(fd, &m, sizeof(m), /*dont_wait=*/true);
   if (got.bytes < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-  if (got.bytes <= 0) return false;  // closed: the client is gone
   const auto kind = static_cast<SessionMessageKind>(m.kind);
+  // Descriptors before anything else: the one the protocol takes is kept,
+  // every other one is disposed of now, whatever else is wrong with the
+  // record.
+  absl::Status refused;
+  ScopedFd memfd = TakeMemfd(c, kind, got, &refused);
+  if (got.bytes <= 0) return false;  // closed: the client is gone
   if (got.bytes != sizeof(m) || got.truncated || m.magic != kSessionMagic ||
       m.version != kSessionProtocolVersion) {
     Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(absl::StrCat(
@@ -234,9 +267,56 @@ bool SessionMonitor::Serve(int fd) {
                  c.uid, got.has_credentials ? static_cast<int64_t>(got.uid) : -1);
     return false;
   }
+  if (!refused.ok()) {
+    Reply(fd, ReplyFor(kind, refused));
+    return true;
+  }
   PeerCredentials sender{static_cast<uint32_t>(got.pid), got.uid, got.gid,
                          c.groups};
-  return Handle(fd, c, m, sender, std::move(got.fd));
+  return Handle(fd, c, m, sender, std::move(memfd));
+}
+
+ScopedFd SessionMonitor::TakeMemfd(Connection& c, SessionMessageKind kind,
+                                   ReceivedRecord& got, absl::Status* refused) {
+  const size_t count = got.fd_count();
+  if (count == 0) return ScopedFd();
+  // A memfd (or another shmem/hugetlbfs file: F_GET_SEALS works) alone with
+  // a whole kPassFd record. RequestHandler::AcceptPassedFd checks its seals.
+  if (kind == SessionMessageKind::kPassFd && count == 1 &&
+      got.bytes == static_cast<ssize_t>(sizeof(SessionMessage)) &&
+      KindOfDescriptor(got.fd.get()) == DescriptorKind::kMemfd) {
+    return std::move(got.fd);
+  }
+  // The first descriptor that is not a memfd names the refusal.
+  int named = got.fd.get();
+  for (const ScopedFd& more : got.more_fds) {
+    if (KindOfDescriptor(named) != DescriptorKind::kMemfd) break;
+    named = more.get();
+  }
+  const std::string what = DescribeDescriptor(named);
+  if (kind != SessionMessageKind::kPassFd) {
+    *refused = absl::InvalidArgumentError(absl::StrCat(
+        "a ", KindName(kind), " record carries no descriptor; got ",
+        count == 1 ? "a " : absl::StrCat(count, " descriptors, one a "),
+        what));
+  } else if (count > 1) {
+    *refused = absl::InvalidArgumentError(absl::StrCat(
+        "kPassFd takes exactly one descriptor, a memfd; got ", count));
+  } else {
+    *refused = absl::InvalidArgumentError(absl::StrCat(
+        "kPassFd takes a memfd (memfd_create with MFD_ALLOW_SEALING); got a ",
+        what));
+  }
+  if (!c.refused_descriptor) {
+    c.refused_descriptor = true;
+    spdlog::warn("session socket: uid {} passed {} descriptor(s) with a {} "
+                 "record, refused: {} (not logged again for this connection)",
+                 c.uid, count, KindName(kind), what);
+  }
+  closer_.Dispose(std::move(got.fd));
+  for (ScopedFd& more : got.more_fds) closer_.Dispose(std::move(more));
+  got.more_fds.clear();
+  return ScopedFd();
 }
 
 bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
@@ -309,10 +389,14 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
   return true;
 }
 
+void SessionMonitor::CloseConnection(ScopedFd fd) {
+  closer_.CloseConnection(std::move(fd));
+}
+
 void SessionMonitor::Drop(int fd) {
   auto it = connections_.find(fd);
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
-  close(fd);
+  CloseConnection(ScopedFd(fd));
   if (it == connections_.end()) return;
   SessionId session = std::move(it->second.session);
   auto uid = per_uid_.find(it->second.uid);

@@ -2,7 +2,10 @@
 // attaches sessions bound to the peer's credentials, takes passed memfds,
 // and ends a session when its connection closes (the client exited or was
 // killed). Connections are limited in number, per uid and in time until
-// they attach.
+// they attach. The only descriptor a client may pass is one memfd with a
+// kPassFd record; any other is refused and handed to a DescriptorCloser, so
+// that no client's descriptor is ever closed on the monitor's thread in a
+// way that can block it.
 #ifndef HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_
 #define HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_
 
@@ -19,6 +22,7 @@
 #include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
 #include "server/service/request_handler.h"
+#include "server/sessions/descriptor_closer.h"
 #include "server/sessions/session_reaper.h"
 
 namespace hostkv {
@@ -53,6 +57,7 @@ class SessionMonitor {
     std::vector<uint32_t> groups;  // SO_PEERGROUPS
     absl::Time accepted;
     SessionId session;  // empty until opened or attached
+    bool refused_descriptor = false;  // logged once per connection
   };
 
   SessionMonitor(RequestHandler* handler, std::string socket_path,
@@ -64,9 +69,18 @@ class SessionMonitor {
   void ShedOne();
   // Handles readable/closed connection `fd`; returns false to drop it.
   bool Serve(int fd);
+  // Takes the descriptors that came with a record of kind `kind` out of
+  // `got`: returns the memfd of a well-formed kPassFd record that carried
+  // exactly that; disposes of everything else through closer_ and sets
+  // *refused to the InvalidArgument error the client gets.
+  ScopedFd TakeMemfd(Connection& c, SessionMessageKind kind,
+                     ReceivedRecord& got, absl::Status* refused);
   // Replies to one record of connection `c`.
   bool Handle(int fd, Connection& c, const SessionMessage& m,
               const PeerCredentials& sender, ScopedFd passed);
+  // Closes a connection without releasing here the descriptors queued in it
+  // (records not read yet): DescriptorCloser::CloseConnection.
+  void CloseConnection(ScopedFd fd);
   void Drop(int fd);
   void DropLate();
 
@@ -81,6 +95,7 @@ class SessionMonitor {
   absl::flat_hash_map<int, Connection> connections_;
   absl::flat_hash_map<uid_t, uint32_t> per_uid_;
   std::atomic<size_t> count_{0};
+  DescriptorCloser closer_;
   SessionReaper reaper_;
   std::thread thread_;
 };

@@ -11,9 +11,13 @@
 //   tenant_client TARGET idle-connections N HOLD_MS ("connected ...", holds,
 //                                                    then what came back)
 //   tenant_client TARGET handed-fd                  (kOpen over fd 3)
+//   tenant_client TARGET pass-lingering HOLD_MS     (TCP sockets lingering on
+//                                                    unsent data passed with
+//                                                    kOpen and kPassFd, held)
 //   tenant_client TARGET truncate-segment POOL      (exit 0 if refused)
 //   tenant_client TARGET publish|lookup ...         (tenant_cache_commands.h)
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -226,6 +230,104 @@ int HandedFd() {
       absl::Status(static_cast<absl::StatusCode>(reply.code), reply.message));
 }
 
+// A loopback TCP connection whose client end lingers 600 s on close with
+// its send buffer full of data the accepted end never reads.
+struct LingeringPair {
+  int listener = -1, accepted = -1, client = -1;
+};
+
+LingeringPair MakeLingeringPair() {
+  LingeringPair p;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  p.listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  p.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (bind(p.listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(p.listener, 1) != 0 ||
+      getsockname(p.listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      connect(p.client, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    std::exit(15);
+  }
+  p.accepted = accept4(p.listener, nullptr, nullptr, SOCK_CLOEXEC);
+  const linger lingering{1, 600};
+  setsockopt(p.client, SOL_SOCKET, SO_LINGER, &lingering, sizeof(lingering));
+  fcntl(p.client, F_SETFL, fcntl(p.client, F_GETFL) | O_NONBLOCK);
+  static char chunk[65536];
+  size_t sent = 0;
+  for (ssize_t n; (n = send(p.client, chunk, sizeof(chunk), MSG_NOSIGNAL)) > 0;)
+    sent += static_cast<size_t>(n);
+  std::printf("filled %zu bytes\n", sent);
+  std::fflush(stdout);
+  return p;
+}
+
+SessionMessage LingeringRecord(SessionMessageKind kind) {
+  SessionMessage m{};
+  m.magic = kSessionMagic;
+  m.version = kSessionProtocolVersion;
+  m.kind = static_cast<uint32_t>(kind);
+  std::strncpy(m.client_name, "lingering", sizeof(m.client_name) - 1);
+  return m;
+}
+
+// Prints "LABEL: code C MESSAGE" for the next reply on `socket` (-1: none
+// within its SO_RCVTIMEO).
+void PrintReply(int socket, const char* label) {
+  SessionReply reply{};
+  ReceivedRecord got = ReceiveRecord(socket, &reply, sizeof(reply), false);
+  reply.message[sizeof(reply.message) - 1] = '\0';
+  const bool came = got.bytes == sizeof(reply);
+  std::printf("%s: code %d %s\n", label,
+              came ? static_cast<int>(reply.code) : -1,
+              came ? reply.message : "no reply");
+  std::fflush(stdout);
+}
+
+// Issue 25, finding 6: lingering sockets passed with records the daemon
+// must refuse, this process's copies closed at once. On one connection, sent
+// without waiting in between (so the copies are closed while the daemon is
+// still busy opening the session): kOpen, kPassFd + socket, kOpen + socket.
+// Then on a fresh connection: kOpen + socket. Holds the other ends.
+int PassLingeringSockets(const std::string& target, int hold_ms) {
+  const std::string path = target.substr(5) + kSessionSocketSuffix;
+  std::vector<LingeringPair> held;
+  int connections[2];
+  for (int& fd : connections) {
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    const timeval patience{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+      return 14;
+  }
+  for (int i = 0; i < 3; ++i) held.push_back(MakeLingeringPair());
+  const SessionMessage open = LingeringRecord(SessionMessageKind::kOpen);
+  const SessionMessage pass = LingeringRecord(SessionMessageKind::kPassFd);
+  int sent = SendRecord(connections[0], &open, sizeof(open));
+  sent += SendRecord(connections[0], &pass, sizeof(pass), held[0].client);
+  sent += SendRecord(connections[0], &open, sizeof(open), held[1].client);
+  close(held[0].client);
+  close(held[1].client);
+  std::printf("passed %d and closed\n", sent);
+  std::fflush(stdout);
+  PrintReply(connections[0], "open");
+  PrintReply(connections[0], "kPassFd");
+  PrintReply(connections[0], "kOpen");
+  sent = SendRecord(connections[1], &open, sizeof(open), held[2].client);
+  close(held[2].client);
+  std::printf("passed %d and closed\n", sent);
+  std::fflush(stdout);
+  PrintReply(connections[1], "fresh kOpen");
+  std::printf("holding\n");
+  std::fflush(stdout);
+  usleep(static_cast<useconds_t>(hold_ms) * 1000);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 3) return 2;
   const std::string target = argv[1], command = argv[2];
@@ -239,6 +341,8 @@ int Main(int argc, char** argv) {
     return IdleConnections(target, std::atoi(argv[3]), std::atoi(argv[4]));
   }
   if (command == "handed-fd") return HandedFd();
+  if (command == "pass-lingering")
+    return PassLingeringSockets(target, std::atoi(argv[3]));
   if (command == "make-shm") {
     const int fd = shm_open(arg(3).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0 || ftruncate(fd, std::atoll(argv[4])) != 0) return 13;

@@ -1,0 +1,185 @@
+#include "server/sessions/descriptor_closer.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "proto/contract/session_socket.h"
+
+namespace hostkv {
+namespace {
+
+// A loopback TCP connection whose client end lingers `seconds` on close,
+// its send buffer full of data the accepted end never reads.
+struct LingeringSocket {
+  ScopedFd listener, accepted, client;
+};
+
+LingeringSocket Lingering(int seconds) {
+  LingeringSocket s;
+  s.listener = ScopedFd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  s.client = ScopedFd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(0, bind(s.listener.get(), reinterpret_cast<sockaddr*>(&addr), len));
+  EXPECT_EQ(0, listen(s.listener.get(), 1));
+  EXPECT_EQ(0, getsockname(s.listener.get(), reinterpret_cast<sockaddr*>(&addr),
+                           &len));
+  EXPECT_EQ(0,
+            connect(s.client.get(), reinterpret_cast<sockaddr*>(&addr), len));
+  s.accepted =
+      ScopedFd(accept4(s.listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  const linger lingering{1, seconds};
+  setsockopt(s.client.get(), SOL_SOCKET, SO_LINGER, &lingering,
+             sizeof(lingering));
+  fcntl(s.client.get(), F_SETFL, O_NONBLOCK);
+  static char chunk[65536];
+  while (send(s.client.get(), chunk, sizeof(chunk), MSG_NOSIGNAL) > 0) {
+  }
+  return s;
+}
+
+bool IsOpen(int fd) { return fcntl(fd, F_GETFD) >= 0; }
+
+// Waits up to 10 s for the closer's queue to empty.
+bool Drained(const DescriptorCloser& closer) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (closer.pending() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return closer.pending() == 0;
+}
+
+TEST(KindOfDescriptorTest, NamesWhatClientsPass) {
+  ScopedFd memfd(memfd_create("kind", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  EXPECT_EQ(DescriptorKind::kMemfd, KindOfDescriptor(memfd.get()));
+  EXPECT_EQ("memfd", DescribeDescriptor(memfd.get()));
+  ScopedFd tcp(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_EQ(DescriptorKind::kInetSocket, KindOfDescriptor(tcp.get()));
+  EXPECT_EQ("socket (AF_INET, SOCK_STREAM)", DescribeDescriptor(tcp.get()));
+  ScopedFd udp6(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (udp6.get() >= 0) {
+    EXPECT_EQ(DescriptorKind::kInetSocket, KindOfDescriptor(udp6.get()));
+  }
+  int pair[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
+  ScopedFd left(pair[0]), right(pair[1]);
+  EXPECT_EQ(DescriptorKind::kOtherSocket, KindOfDescriptor(left.get()));
+  EXPECT_EQ("socket (AF_UNIX, SOCK_SEQPACKET)", DescribeDescriptor(left.get()));
+  int pipe_fds[2];
+  ASSERT_EQ(0, pipe2(pipe_fds, O_CLOEXEC));
+  ScopedFd pipe_read(pipe_fds[0]), pipe_write(pipe_fds[1]);
+  EXPECT_EQ(DescriptorKind::kPipe, KindOfDescriptor(pipe_read.get()));
+  ScopedFd null_file(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  EXPECT_EQ(DescriptorKind::kOther, KindOfDescriptor(null_file.get()));
+  ScopedFd path_only(open("/", O_PATH | O_CLOEXEC));
+  EXPECT_EQ(DescriptorKind::kOther, KindOfDescriptor(path_only.get()));
+}
+
+// The final close of a socket lingering on unsent data does not wait: the
+// closer makes it abortive and closes it at once.
+TEST(DescriptorCloserTest, LingeringTcpSocketIsClosedAtOnce) {
+  DescriptorCloser closer;
+  LingeringSocket s = Lingering(5);
+  const int fd = s.client.get();
+  const absl::Time start = absl::Now();
+  closer.Dispose(std::move(s.client));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_FALSE(IsOpen(fd));
+  EXPECT_EQ(0u, closer.pending());
+}
+
+TEST(DescriptorCloserTest, MemfdsAndPipesCloseHereOthersOnTheThread) {
+  DescriptorCloser closer;
+  ScopedFd memfd(memfd_create("closer", MFD_CLOEXEC));
+  const int memfd_number = memfd.get();
+  closer.Dispose(std::move(memfd));
+  EXPECT_FALSE(IsOpen(memfd_number));
+  int pair[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair));
+  ScopedFd kept(pair[1]);
+  closer.Dispose(ScopedFd(pair[0]));
+  closer.Dispose(ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC)));
+  ASSERT_TRUE(Drained(closer));
+  char byte;
+  EXPECT_EQ(0, read(kept.get(), &byte, 1));  // the other end was closed
+  EXPECT_EQ(0u, closer.leaked());
+}
+
+// A close that blocks holds up only the closer's thread; once its queue is
+// full, further descriptors are left open (counted), never closed by the
+// caller.
+TEST(DescriptorCloserTest, StuckCloserFillsUpAndLeaksRatherThanBlocks) {
+  DescriptorCloser closer(/*max_queued=*/2);
+  LingeringSocket s = Lingering(2);
+  ASSERT_TRUE(closer.Enqueue(&s.client));  // blocks its thread ~2 s
+  absl::SleepFor(absl::Milliseconds(100));
+  ScopedFd second(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(closer.Enqueue(&second));
+  ScopedFd third(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  EXPECT_FALSE(closer.Enqueue(&third));
+  EXPECT_GE(third.get(), 0);  // still the caller's
+  const int leaked = third.get();
+  const absl::Time start = absl::Now();
+  closer.Dispose(std::move(third));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_EQ(1u, closer.leaked());
+  EXPECT_TRUE(IsOpen(leaked));
+  close(leaked);
+  EXPECT_TRUE(Drained(closer));
+}
+
+// A connection whose unread records hold a lingering socket (behind an
+// empty record) is emptied first: closing it releases nothing here. After
+// the shutdown the peer cannot queue more.
+TEST(DescriptorCloserTest, ConnectionIsDrainedBeforeItIsClosed) {
+  DescriptorCloser closer;
+  int pair[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
+  ScopedFd ours(pair[0]), theirs(pair[1]);
+  const int one = 1;
+  ASSERT_EQ(0,
+            setsockopt(ours.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)));
+  LingeringSocket s = Lingering(3);
+  ASSERT_EQ(0, send(theirs.get(), "", 0, 0));
+  ASSERT_TRUE(SendRecord(theirs.get(), "x", 1, s.client.get()));
+  s.client = ScopedFd();  // the only reference is in flight
+  const absl::Time start = absl::Now();
+  closer.CloseConnection(std::move(ours));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(0u, closer.pending());
+  EXPECT_EQ(-1, send(theirs.get(), "y", 1, MSG_NOSIGNAL | MSG_DONTWAIT));
+  EXPECT_EQ(EPIPE, errno);
+  // The lingering socket was reset, not left to linger.
+  std::vector<char> buffer(1 << 16);
+  fcntl(s.accepted.get(), F_SETFL, O_NONBLOCK);
+  while (read(s.accepted.get(), buffer.data(), buffer.size()) > 0) {
+  }
+  EXPECT_EQ(ECONNRESET, errno);
+}
+
+// The destructor does not wait for ever on a close that does not return.
+TEST(DescriptorCloserTest, DestructorGivesUpOnAStuckClose) {
+  LingeringSocket s = Lingering(6);
+  auto closer = std::make_unique<DescriptorCloser>();
+  ASSERT_TRUE(closer->Enqueue(&s.client));
+  const absl::Time start = absl::Now();
+  closer.reset();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, DescriptorCloser::kShutdownWait - absl::Milliseconds(100));
+  EXPECT_LT(took, DescriptorCloser::kShutdownWait + absl::Seconds(2));
+}
+
+}  // namespace
+}  // namespace hostkv
