@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <grpcpp/server.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/flags/flag.h"
@@ -215,6 +216,11 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
       std::min<uint64_t>(o.limits.max_page_io_bytes + (1 << 20), INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  // Requests in flight are bounded in memory: past the quota gRPC stops
+  // reading more until earlier ones are done.
+  grpc::ResourceQuota quota("hostkvd");
+  quota.Resize(static_cast<size_t>(o.grpc_memory));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(d.service.get());
   builder.RegisterService(d.health.get());
   builder.RegisterService(d.reflection.get());

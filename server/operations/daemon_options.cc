@@ -84,6 +84,10 @@ ABSL_FLAG(int, signal_records, 256,
           "may have in flight");
 ABSL_FLAG(std::string, max_page_io, "64MiB",
           "most page bytes one ReadPages/WritePages call may move");
+ABSL_FLAG(std::string, grpc_memory, "1GiB",
+          "most memory gRPC may hold for requests in flight (its resource "
+          "quota: past it, reading more requests waits); at least 4 x "
+          "--max_page_io");
 ABSL_FLAG(std::string, cuda, "auto",
           "CUDA backend: auto (use it when a GPU is found), on (fail without "
           "one), off (CPU backend only)");
@@ -171,6 +175,7 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "copy_threads",
                                              "signal_records",
                                              "max_page_io",
+                                             "grpc_memory",
                                              "cuda",
                                              "pin_chunk",
                                              "kernel_blocks",
@@ -433,6 +438,15 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
                                        absl::GetFlag(FLAGS_memory_reserve)));
   ASSIGN_OR_RETURN(o.limits.max_page_io_bytes,
                    ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io)));
+  ASSIGN_OR_RETURN(o.grpc_memory,
+                   ByteFlag("grpc_memory", absl::GetFlag(FLAGS_grpc_memory)));
+  if (o.grpc_memory < 4 * o.limits.max_page_io_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--grpc_memory ", FormatBytes(o.grpc_memory),
+        " must be at least 4 x --max_page_io (",
+        FormatBytes(4 * o.limits.max_page_io_bytes),
+        "): a few page reads and writes must fit at once"));
+  }
   o.limits.reserved_segment_prefix = "/hostkv.";
   o.limits.allow_unverified_shm_names =
       absl::GetFlag(FLAGS_allow_unverified_shm_names);

@@ -30,6 +30,8 @@ struct DaemonOptions {
   HealthOptions health;
   uint64_t budget = 0;
   uint64_t reserve = 0;
+  // gRPC's resource quota: memory for requests in flight (--grpc_memory).
+  uint64_t grpc_memory = uint64_t{1} << 30;
   unsigned copy_threads = 1;
   RequestLimits limits;
   int signal_records = 256;

@@ -24,10 +24,10 @@ namespace {
 constexpr absl::Duration kTierReplyMargin = absl::Milliseconds(20);
 
 absl::Status CheckCount(size_t count, const char* what) {
-  if (count == 0 || count > static_cast<size_t>(kMaxRunsPerRequest)) {
+  if (count == 0 || count > static_cast<size_t>(kMaxCacheKeysPerRequest)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a request carries 1..", kMaxRunsPerRequest, " ", what, ", not ",
-        count));
+        "a request carries 1..", kMaxCacheKeysPerRequest, " ", what, ", not ",
+        count, " (split a longer prefix into several calls)"));
   }
   return absl::OkStatus();
 }

@@ -17,6 +17,10 @@ namespace hostkv {
 
 // Most runs one request may carry.
 inline constexpr int kMaxRunsPerRequest = 1 << 20;
+// Most keys one Lookup, and items one Publish, may carry: 65,536 pages are
+// a 4 Mi-token prefix at 64 tokens a page, more than any engine asks at
+// once, and keep one request under ~10 MB (a key is at most 64 bytes).
+inline constexpr int kMaxCacheKeysPerRequest = 1 << 16;
 // CUDA's cudaIpcMemHandle_t is 64 bytes.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 

@@ -1306,11 +1306,11 @@ start() {
   done
 }
 start
-ls /dev/shm | grep -q '^hostkv\..*\.pool\.restart$' || { echo "no pool segment"; ls /dev/shm; exit 1; }
+ls /dev/shm | grep -q '\.pool\.' && { echo "a pool segment is named in /dev/shm (pools are sealed memfds)"; ls /dev/shm; exit 1; }
 kill -KILL $UPID; wait $UPID 2>/dev/null || true
 i=0; while [ -S $DIR/hostkvd.sock ] && "$CLI" --target=unix:$DIR/hostkvd.sock health >/dev/null 2>&1; do
   i=$((i + 1)); [ $i -lt 100 ] || break; sleep 0.05; done
-ls /dev/shm | grep -q '^hostkv\..*\.pool\.restart$' || { echo "SIGKILL left no segment behind?"; exit 1; }
+ls /dev/shm | grep -q '\.pool\.' && { echo "SIGKILL left a pool segment behind"; ls /dev/shm; exit 1; }
 start
 echo restarted
 kill -KILL $UPID; wait $UPID 2>/dev/null || true

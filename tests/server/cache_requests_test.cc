@@ -660,6 +660,22 @@ TEST_F(CacheRequestsTest, ReferencesAreChargedToTheMemoryBudget) {
   ExpectConsistent();
 }
 
+// One Lookup or Publish carries at most kMaxCacheKeysPerRequest keys (an
+// engine splits a longer prefix); the bound keeps requests small.
+TEST_F(CacheRequestsTest, KeysPerRequestAreBounded) {
+  const SessionId s = OpenSession();
+  std::vector<std::string> keys;
+  for (int i = 0; i < kMaxCacheKeysPerRequest; ++i) keys.push_back(absl::StrCat("k", i));
+  auto all = Lookup(s, keys);
+  ASSERT_OK(all);
+  EXPECT_EQ(all->hits(), 0u);
+  keys.push_back("one-more");
+  auto refused = Lookup(s, keys);
+  EXPECT_ERROR(InvalidArgument, refused);
+  EXPECT_NE(refused.status().message().find("65536"), absl::string_view::npos)
+      << refused.status();
+}
+
 TEST_F(CacheRequestsTest, RacesLeaveEveryStructureConsistent) {
   // Publishers publish and free, lookers acquire, load-free-release, and an
   // allocator forces eviction, all at once.
