@@ -32,6 +32,7 @@
 #include "proto/contract/status_macros.h"
 #include "server/operations/byte_size.h"
 #include "server/operations/daemon_metrics.h"
+#include "server/operations/metrics_endpoint.h"
 #include "server/operations/daemon_options.h"
 #include "server/operations/flag_sources.h"
 #include "server/transfer/gpu_backend.h"

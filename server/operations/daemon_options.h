@@ -55,18 +55,6 @@ const std::vector<std::string>& DaemonFlagNames();
 // The parsed flags, checked; InvalidArgument naming the flag otherwise.
 absl::StatusOr<DaemonOptions> ReadDaemonOptions();
 
-// The first line of the secret file `path` that the flag `--<flag>` names
-// (`what`: "a token", "a password"). Refuses, with InvalidArgument naming
-// the file, its mode in octal and the chmod that fixes it, a file that other
-// users may read or write (mode & 0006) or that is not a regular file; group
-// access is allowed (Kubernetes mounts Secrets group-readable for the pod's
-// fsGroup). The mode checked is the opened file's (fstat on the descriptor
-// that is read), so a symlink such as a Secret's ..data link is judged by
-// what it points at, and nothing can swap the file between check and read.
-// InvalidArgument also when it cannot be opened or its first line is empty.
-absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag,
-                                           const std::string& path,
-                                           absl::string_view what);
 
 // Sets up logging from --log_level and --log_format.
 absl::Status SetUpLoggingFromFlags();

@@ -4,7 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/operations/byte_size.h"
-#include "server/operations/daemon_options.h"
+#include "server/operations/secret_file.h"
 
 ABSL_FLAG(std::string, tier, "",
           "a storage tier under the page cache: redis://HOST:PORT[,HOST:PORT"
