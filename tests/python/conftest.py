@@ -54,8 +54,20 @@ class Daemon:
         if token:
             token_file = write_secret(os.path.join(self.workdir, "token"), token + "\n")
             args.append(f"--auth_token_file={token_file}")
+        self._args, self._tcp, self._token = args, tcp, token
         self.process = subprocess.Popen(args)
         self._wait_ready(tcp, token)
+
+    def kill(self):
+        """SIGKILL, as an OOM kill or a crash: nothing is cleaned up."""
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self):
+        """A new hostkvd with the same flags on the same socket."""
+        assert self.process.poll() is not None, "the daemon still runs"
+        self.process = subprocess.Popen(self._args)
+        self._wait_ready(self._tcp, self._token)
 
     def _wait_ready(self, tcp, token):
         deadline = time.monotonic() + 20

@@ -27,7 +27,7 @@ import weakref
 
 import grpc
 
-from . import _session_socket, _signals, errors, pool_mapping
+from . import _daemon_contact, _session_socket, _signals, errors, pool_mapping
 from .cache_calls import CacheCalls
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
@@ -35,6 +35,15 @@ from ._proto import hostkv_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "unix:/run/hostkv/hostkvd.sock"
 _CALL_TIMEOUT = 60.0
 _MAX_MESSAGE = 256 << 20
+# How long calls wait for a daemon that does not answer (README "While
+# hostkvd is away"); HOSTKV_RECONNECT_TIMEOUT overrides it.
+DEFAULT_RECONNECT_TIMEOUT = 30.0
+
+
+def _reconnect_timeout(value):
+    if value is not None:
+        return float(value)
+    return float(os.environ.get("HOSTKV_RECONNECT_TIMEOUT", DEFAULT_RECONNECT_TIMEOUT))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +98,16 @@ class Client(CacheCalls):
     come from hostkv.cache_calls.CacheCalls. Raises Unavailable if the
     daemon cannot be reached, InvalidArgument for a client_name of more
     than 200 bytes, Unauthenticated without the daemon's token.
+
+    Once connected, a call that finds the daemon gone waits for it up to
+    `reconnect_timeout` seconds (default 30, HOSTKV_RECONNECT_TIMEOUT; 0:
+    no wait), then raises errors.DaemonUnavailable; `daemon_away` says
+    whether the last contact failed. A daemon that comes back without this
+    session raises errors.SessionLost, from then on for every call.
     """
 
     def __init__(self, target=DEFAULT_TARGET, client_name="python", auth_token=None,
-                 connect_timeout=5.0):
+                 connect_timeout=5.0, reconnect_timeout=None):
         self._lock = threading.Lock()  # guards _socket and _open
         self._socket = None
         self._open = False
@@ -107,6 +122,8 @@ class Client(CacheCalls):
         self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
         self.session_id = b""
         self.session_number = 0
+        self._contact = _daemon_contact.DaemonContact(target,
+                                                      _reconnect_timeout(reconnect_timeout))
         name = client_name.encode("utf-8")
         unix_socket = target.startswith("unix:")
         if unix_socket:
@@ -122,7 +139,12 @@ class Client(CacheCalls):
         self._channel = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
-            ("grpc.enable_http_proxy", 0)])
+            ("grpc.enable_http_proxy", 0),
+            # A restarted daemon is found within ~0.5 s, not gRPC's default
+            # backoff of up to 2 minutes.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500)])
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
@@ -195,7 +217,7 @@ class Client(CacheCalls):
         request = pb.RenewSessionRequest(session_id=self.session_id)
         while not self._stop_renewing.wait(period):
             try:
-                self._call(self._stub.RenewSession, request)
+                self._call(self._stub.RenewSession, request, wait=False)
             except errors.HostKVError:
                 pass  # the next period tries again; the lease says how long
 
@@ -236,6 +258,7 @@ class Client(CacheCalls):
             lost = self._open
             callbacks = list(self._on_lost)
         if lost:
+            self._contact.mark_away("the session socket hung up")
             for fn in callbacks:
                 try:
                     fn()
@@ -261,10 +284,12 @@ class Client(CacheCalls):
             was_open, self._open = self._open, False
         self._stop_watching()
         error = None
-        if was_open:
+        if was_open and self._contact.lost is None:
             try:
                 self._call(self._stub.CloseSession,
-                           pb.CloseSessionRequest(session_id=self.session_id))
+                           pb.CloseSessionRequest(session_id=self.session_id), wait=False)
+            except (errors.Unavailable, errors.SessionLost):
+                pass  # the daemon is gone, and the session with it
             except errors.HostKVError as e:
                 error = e
         with self._lock:
@@ -293,7 +318,11 @@ class Client(CacheCalls):
         except Exception:  # pylint: disable=broad-except
             pass
 
-    def _call(self, method, request):
+    def _call(self, method, request, wait=True):
+        """One call; waits for an absent daemon (wait, reconnect_timeout)."""
+        return self._contact.call(lambda: self._call_once(method, request), wait)
+
+    def _call_once(self, method, request):
         if self._channel is None:
             raise errors.FailedPrecondition("the client is closed")
         try:
@@ -302,6 +331,28 @@ class Client(CacheCalls):
             raise errors.from_rpc_error(e) from None
         except ValueError:  # the channel closed under this call
             raise errors.FailedPrecondition("the client is closed") from None
+
+    @property
+    def daemon_away(self):
+        """True from a failed contact with hostkvd (a call found it
+        unreachable, or the session socket hung up) until a call is answered."""
+        return self._contact.away
+
+    @property
+    def session_lost(self):
+        """The cause (str) if hostkvd no longer knows this session, else None."""
+        return self._contact.lost
+
+    def probe(self):
+        """Asks hostkvd, without waiting, whether it holds this session:
+        True (and daemon_away clears), False while it does not answer;
+        SessionLost if it answers without the session."""
+        try:
+            self._call(self._stub.RenewSession,
+                       pb.RenewSessionRequest(session_id=self.session_id), wait=False)
+            return True
+        except errors.Unavailable:
+            return False
 
     @property
     def has_session_socket(self):
@@ -422,13 +473,14 @@ class Client(CacheCalls):
 
     # -- host pages ------------------------------------------------------
 
-    def alloc(self, pool, num_tokens):
+    def alloc(self, pool, num_tokens, wait=True):
         """Allocates num_tokens host slots (a multiple of the page size).
 
         Returns [(first_page, num_pages), ...]; ResourceExhausted when full.
+        wait=False: Unavailable at once if hostkvd does not answer.
         """
         response = self._call(self._stub.Alloc, pb.AllocRequest(
-            session_id=self.session_id, pool=pool, num_tokens=num_tokens))
+            session_id=self.session_id, pool=pool, num_tokens=num_tokens), wait)
         return [(r.first_page, r.num_pages) for r in response.pages]
 
     def free(self, pool, pages):

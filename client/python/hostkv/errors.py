@@ -89,6 +89,16 @@ class Unauthenticated(HostKVError):
     code = 16
 
 
+class DaemonUnavailable(Unavailable):
+    """hostkvd did not answer within the client's reconnect_timeout."""
+
+
+class SessionLost(FailedPrecondition):
+    """hostkvd answers but no longer knows this client's session (a daemon
+    restarted without its predecessor's state, or the session was ended):
+    what it held is gone. Raised by that call and every later one."""
+
+
 _BY_CODE = {cls.code: cls for cls in (
     Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
     PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange,

@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 
 from .. import client as client_module
 from .. import errors
@@ -45,6 +46,7 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
 # Keywords of SGLang's constructors (any version) that need nothing here.
 _ACCEPTED = {"host_memory_mode", "registration_granularity_bytes"}
 _private_pools = itertools.count()
+_PROBE_INTERVAL = 0.5  # seconds between asks while hostkvd is away
 _warned = set()
 
 
@@ -110,6 +112,7 @@ class RemoteHostKVCache:
         self._loads = threading.local()
         self._failure = None  # an asynchronous submission's error, raised next call
         self._destroyed = False
+        self._last_probe = 0.0  # while hostkvd is away: when it was last asked
 
         pool_name = pool_name or os.environ.get("HOSTKV_POOL") or None
         private = pool_name is None
@@ -123,6 +126,8 @@ class RemoteHostKVCache:
         except BaseException:
             self.client.close()
             raise
+        if self.client.has_session_socket:
+            self.client.on_daemon_lost(self._on_daemon_lost)
         self.clear()
 
     # -- construction ------------------------------------------------------
@@ -259,8 +264,27 @@ class RemoteHostKVCache:
                 self.client.free(self.pool_name, idx.runs_of(held))
             self._slots.reset()
 
+    def _on_daemon_lost(self):
+        _log.warning("hostkv: hostkvd went away; host pool %s allocates nothing "
+                     "(available_size 0) until it answers again", self.pool_name)
+
+    def _daemon_answers(self):
+        """False while hostkvd is away (asked again at most every 0.5 s), so
+        that SGLang skips backups instead of failing; SessionLost, naming the
+        cause, once it answers without this pool's session."""
+        if not self.client.daemon_away:
+            return True
+        now = time.monotonic()
+        if now - self._last_probe < _PROBE_INTERVAL:
+            return False
+        self._last_probe = now
+        return self.client.probe()
+
     def available_size(self):
-        """Token slots alloc can still hand out (whole pages)."""
+        """Token slots alloc can still hand out (whole pages); 0 while
+        hostkvd is away."""
+        if not self._daemon_answers():
+            return 0
         return self._slots.free_pages() * self.page_size
 
     @property
@@ -273,18 +297,21 @@ class RemoteHostKVCache:
 
     def alloc(self, need_size):
         """need_size token slots (a multiple of page_size) as an int64
-        tensor of token indices, or None if fewer are free."""
+        tensor of token indices, or None if fewer are free or hostkvd is
+        away (it never waits for the daemon)."""
         assert need_size % self.page_size == 0, (
             "The requested size should be a multiple of the page size.")
         with self.lock:
             if need_size > self.available_size():
-                return None
+                return None  # also while hostkvd is away: SGLang skips the backup
             if need_size == 0:
                 return _torch().empty(0, dtype=_torch().int64)
             try:
-                runs = self.client.alloc(self.pool_name, need_size)
+                runs = self.client.alloc(self.pool_name, need_size, wait=False)
             except errors.ResourceExhausted:
                 return None  # a shared pool: other sessions took the rest
+            except errors.Unavailable:
+                return None  # hostkvd went away: as above
             self._slots.take(runs)
             return idx.token_indices(runs, self.page_size)
 

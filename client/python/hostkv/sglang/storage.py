@@ -34,6 +34,7 @@ after the geometry, sized as SGLang's host pool), "client_name".
 """
 import logging
 import os
+import time
 
 from .. import cache_calls, errors
 from .. import client as client_module
@@ -42,6 +43,7 @@ from . import page_copy, storage_names, storage_paths
 from .storage_v2 import HybridPoolCalls
 
 _log = logging.getLogger("hostkv.sglang.storage")
+_RECONNECT_INTERVAL = 1.0  # seconds between asks while hostkvd is away
 
 try:  # stock SGLang checks issubclass(backend, HiCacheStorage)
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -86,6 +88,7 @@ class HostkvStorage(HybridPoolCalls, _Base):
         self.mem_pool_host = None
         self.namespace = None
         self._path = None
+        self._last_contact = 0.0  # while hostkvd is away: when it was last asked
 
     # -- setup ---------------------------------------------------------------
 
@@ -134,6 +137,42 @@ class HostkvStorage(HybridPoolCalls, _Base):
                 "HostkvStorage: register_mem_pool_host was not called")
         return self._path
 
+    def _live(self):
+        """The path while hostkvd answers, else None: the caller answers
+        misses (a storage tier never fails the engine). A path of its own
+        whose session hostkvd lost (a daemon restarted without its state) is
+        opened again, the pool created again if need be; asked at most once
+        a second while the daemon is away."""
+        path = self._ready()
+        client = path.client
+        if client.session_lost is None and not client.daemon_away:
+            return path
+        now = time.monotonic()
+        if now - self._last_contact < _RECONNECT_INTERVAL:
+            return None
+        self._last_contact = now
+        if client.session_lost is None:
+            try:
+                return path if client.probe() else None
+            except errors.SessionLost:
+                pass
+        if not isinstance(path, storage_paths.LocalPoolPath):
+            return None  # the host pool's session: the host pool reports its loss
+        try:
+            fresh = path.reopen()
+        except errors.HostKVError as e:
+            _log.warning("hostkv storage: reconnecting failed: %s %s", e.code_name,
+                         e.message)
+            return None
+        self._path = fresh
+        try:
+            path.close()
+        except errors.HostKVError:
+            pass
+        _log.warning("hostkv storage: reconnected to hostkvd (session %d, pool %s)",
+                     fresh.client.session_number, fresh.pool_name)
+        return fresh
+
     def _engine_pages(self, keys, host_indices):
         """The host pool's page numbers of `host_indices`, one per key."""
         pages = idx.pages_of(host_indices, self.mem_pool_host.page_size,
@@ -146,10 +185,11 @@ class HostkvStorage(HybridPoolCalls, _Base):
     # -- existence -------------------------------------------------------------
 
     def batch_exists(self, keys, extra_info=None):
-        """How many keys, from the first, are stored (0 if hostkvd refuses)."""
-        path = self._ready()
+        """How many keys, from the first, are stored (0 if hostkvd refuses
+        or is away)."""
         keys = [storage_names.storage_key(k) for k in keys]
-        if not keys:
+        path = self._live()
+        if not keys or path is None:
             return 0
         try:
             return path.client.lookup(path.pool_name, self.namespace, keys).hits
@@ -165,7 +205,9 @@ class HostkvStorage(HybridPoolCalls, _Base):
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         """Loads the stored prefix of `keys` into the host pool's pages at
         `host_indices` (len(keys) whole pages); one bool per key."""
-        path = self._ready()
+        path = self._live()
+        if path is None:
+            return [False] * len(keys)
         cache_keys = [storage_names.storage_key(k) for k in keys]
         pages = self._engine_pages(keys, host_indices)
         hits = self._load(path, cache_keys, lambda cached, n: path.load(cached, pages[:n]))
@@ -174,7 +216,9 @@ class HostkvStorage(HybridPoolCalls, _Base):
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         """Stores the host pool's pages at `host_indices` under `keys`; one
         bool per key (True: stored now or already)."""
-        path = self._ready()
+        path = self._live()
+        if path is None:
+            return [False] * len(keys)
         cache_keys = [storage_names.storage_key(k) for k in keys]
         pages = self._engine_pages(keys, host_indices)
         stored = self._store(path, cache_keys, _first_parent(extra_info),
@@ -191,7 +235,9 @@ class HostkvStorage(HybridPoolCalls, _Base):
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         """Per key the filled flat page, None from the first key not stored."""
-        path = self._ready()
+        path = self._live()
+        if path is None:
+            return [None] * len(keys)
         kv = self._flat_buffer(path)
         cache_keys = [storage_names.storage_key(k) for k in keys]
         targets = list(target_locations or [None] * len(keys))
@@ -216,7 +262,9 @@ class HostkvStorage(HybridPoolCalls, _Base):
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
         """Stores flat pages (get_data_page(flat=True)) under `keys`; True
         if every key is stored."""
-        path = self._ready()
+        path = self._live()
+        if path is None:
+            return False
         kv = self._flat_buffer(path)
         cache_keys = [storage_names.storage_key(k) for k in keys]
         values = list(values or [])

@@ -91,7 +91,11 @@ class LocalPoolPath:
             raise ValueError(f"HostkvStorage: hostkv has no pool dtype for {host_pool.dtype}")
         spec = self._spec(dtype, pool_name, pool_tokens or host_pool.size)
         self.pool_name = spec.name
-        self.client = client_module.Client(target, client_name, auth_token=auth_token)
+        self._args = (host_pool, target, client_name, auth_token, pool_name, pool_tokens)
+        # The storage never waits for hostkvd: while it is away, calls fail at
+        # once and HostkvStorage answers misses.
+        self.client = client_module.Client(target, client_name, auth_token=auth_token,
+                                           reconnect_timeout=0)
         try:
             self._open(spec)
         except BaseException:
@@ -146,6 +150,11 @@ class LocalPoolPath:
         page_copy.copy_pages(self.host_pool.kv_buffer, engine_pages, self.kv,
                              cache_calls.page_list(cached_runs), self.layout, self.mha,
                              self.page_size)
+
+    def reopen(self):
+        """A new path like this one: a new session, the pool created again
+        if the daemon no longer has it (a restart), mapped again."""
+        return LocalPoolPath(*self._args)
 
     def close(self):
         self.client.close()

@@ -1,0 +1,117 @@
+"""Whether hostkvd answers, and waiting for it while it does not
+(hostkv.Client's calls; README "While hostkvd is away").
+
+A call that finds the daemon unreachable (UNAVAILABLE: down, restarting,
+being upgraded) waits for it, retrying with a backoff of 50 ms doubling to
+1 s, for up to `reconnect_timeout` seconds, then raises DaemonUnavailable;
+with wait=False (or a timeout of 0) it raises Unavailable at once. Either
+way the client is `away` until a call gets an answer again.
+
+A daemon that answers but no longer knows the session (a new hostkvd that
+did not take over the previous one's state, or a session the daemon ended)
+makes that call raise SessionLost naming the cause, and every later call
+the same at once: what the session held (pages, imports, private pools) is
+gone, and waiting will not bring it back.
+"""
+import logging
+import threading
+import time
+
+from . import errors
+
+_log = logging.getLogger("hostkv")
+_SESSION_GONE = "no open session with this id"
+_FIRST_DELAY = 0.05
+_MAX_DELAY = 1.0
+
+
+class DaemonContact:
+    """Thread-safe."""
+
+    def __init__(self, target, reconnect_timeout):
+        self.target = target
+        self.reconnect_timeout = max(0.0, float(reconnect_timeout))
+        self._lock = threading.Lock()
+        self._away_since = None  # time.monotonic() of the first failure
+        self._away_reason = ""
+        self._lost = None        # SessionLost's message, once lost
+
+    @property
+    def away(self):
+        """True from a failed contact until a call is answered again."""
+        return self._away_since is not None
+
+    @property
+    def lost(self):
+        """The SessionLost message, or None while the session is alive."""
+        return self._lost
+
+    def mark_away(self, reason):
+        with self._lock:
+            if self._away_since is not None:
+                return
+            self._away_since = time.monotonic()
+            self._away_reason = reason
+        _log.warning("hostkv: hostkvd at %s does not answer (%s); calls wait up to "
+                     "%.0f s for it", self.target, reason, self.reconnect_timeout)
+
+    def _mark_back(self):
+        with self._lock:
+            since, self._away_since = self._away_since, None
+        if since is not None:
+            _log.warning("hostkv: hostkvd at %s answers again after %.1f s", self.target,
+                         time.monotonic() - since)
+
+    def _lose(self, message):
+        with self._lock:
+            was_away = self._away_since is not None or self._lost is not None
+            if self._lost is None:
+                if was_away:
+                    self._lost = (
+                        f"hostkvd at {self.target} came back without this session "
+                        f"(it was away: {self._away_reason}; the daemon now running did "
+                        "not take over its predecessor's state): the session's pages, "
+                        f"imports and private pools are gone ({message})")
+                else:
+                    self._lost = (f"hostkvd at {self.target} no longer knows this session "
+                                  f"(ended by the daemon: {message})")
+                self._away_since = None
+            lost = self._lost
+        _log.error("hostkv: %s", lost)
+        return lost
+
+    def call(self, fn, wait=True):
+        """fn()'s result; its HostKVError otherwise, after waiting as the
+        module says."""
+        if self._lost is not None:
+            raise errors.SessionLost(self._lost)
+        deadline = None
+        delay = _FIRST_DELAY
+        while True:
+            try:
+                result = fn()
+            except errors.Unavailable as e:
+                self.mark_away(e.message or "unavailable")
+                if not wait or self.reconnect_timeout <= 0:
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.reconnect_timeout
+                if now >= deadline:
+                    raise errors.DaemonUnavailable(
+                        f"hostkvd at {self.target} did not answer within "
+                        f"reconnect_timeout={self.reconnect_timeout:g} s (is it running? "
+                        f"last error: {e.message})") from None
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, _MAX_DELAY)
+                continue
+            except errors.NotFound as e:
+                if _SESSION_GONE in e.message:
+                    raise errors.SessionLost(self._lose(e.message)) from None
+                self._mark_back()
+                raise
+            except errors.HostKVError:
+                self._mark_back()
+                raise
+            self._mark_back()
+            return result
