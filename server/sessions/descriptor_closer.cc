@@ -65,7 +65,13 @@ DescriptorKind KindOfDescriptor(int fd) {
                ? DescriptorKind::kInetSocket
                : DescriptorKind::kOtherSocket;
   }
-  if (fcntl(fd, F_GETPIPE_SZ) >= 0) return DescriptorKind::kPipe;
+  // Not F_GETPIPE_SZ: it takes the pipe's mutex, which a writer blocked in
+  // a page fault (a FUSE- or userfaultfd-backed buffer) can hold. The link
+  // of /proc/self/fd/N is the file's path, built from its dentry alone.
+  char link[64] = {};
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n > 0 && std::strncmp(link, "pipe:[", 6) == 0) return DescriptorKind::kPipe;
   return DescriptorKind::kOther;
 }
 
@@ -119,28 +125,12 @@ DescriptorCloser::~DescriptorCloser() {
 
 void DescriptorCloser::Dispose(ScopedFd fd) {
   if (fd.get() < 0) return;
-  switch (KindOfDescriptor(fd.get())) {
-    case DescriptorKind::kMemfd:
-    case DescriptorKind::kPipe:
-      return;  // ~ScopedFd closes it
-    case DescriptorKind::kInetSocket: {
-      const linger abortive{1, 0};
-      if (setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &abortive,
-                     sizeof(abortive)) == 0) {
-        return;
-      }
-      break;  // not abortive: let the thread close it
-    }
-    case DescriptorKind::kOtherSocket: {
-      // Harmless where it does not apply; the thread closes it, because an
-      // AF_UNIX socket's queue may hold descriptors in flight.
-      const linger abortive{1, 0};
-      setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive));
-      break;
-    }
-    case DescriptorKind::kOther:
-      break;
-  }
+  // Only a memfd is closed here: its release waits for nobody. Everything
+  // else goes to the closer's thread untouched, even a pipe (its release
+  // takes the pipe's mutex) or a TCP socket (SO_LINGER takes the socket's
+  // lock): a client can hold either for as long as it likes, with a write
+  // from a buffer whose page fault it stalls.
+  if (fcntl(fd.get(), F_GET_SEALS) >= 0) return;  // ~ScopedFd closes it
   if (Enqueue(&fd)) return;
   // The queue is full: the thread is stuck behind closes that do not return
   // (a FUSE server that never answers FLUSH, say) and this descriptor may
@@ -191,7 +181,12 @@ void DescriptorCloser::CloseConnection(ScopedFd connection) {
       for (ScopedFd& more : got.more_fds) Dispose(std::move(more));
     }
   }
-  if (!drained) Enqueue(&connection);
+  if (drained) return;  // closed here: nothing is left in it to release
+  if (Enqueue(&connection)) return;
+  // The closer is stuck and full: closing it here could release queued
+  // descriptors on the caller's thread. Left open, as Dispose does.
+  leaked_.fetch_add(1);
+  connection.release();
 }
 
 size_t DescriptorCloser::pending() const {
@@ -217,6 +212,12 @@ void DescriptorCloser::Loop(Queue* queue) {
       fd = q.fds.front();
       q.fds.pop_front();
       ++q.closing;
+    }
+    // A TCP socket closes abortively (SO_LINGER {1, 0}: a reset, no wait
+    // for unsent data, no orphan); harmless on other sockets.
+    if (KindOfDescriptor(fd) == DescriptorKind::kInetSocket) {
+      const linger abortive{1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive));
     }
     // May block for as long as the client who passed it likes.
     close(fd);

@@ -31,9 +31,11 @@ enum class DescriptorKind {
   kOther,        // anything else: regular files (FUSE ones too), devices, ...
 };
 
-// What descriptor `fd` is. Only asks the kernel questions that never reach
-// the file's filesystem (fcntl F_GET_SEALS / F_GETPIPE_SZ, getsockopt):
-// fstat or fstatfs could wait on a FUSE server.
+// What descriptor `fd` is. Only asks the kernel questions that neither
+// reach the file's filesystem nor take a lock a client can hold (fcntl
+// F_GET_SEALS, getsockopt SO_TYPE / SO_DOMAIN, the /proc/self/fd link):
+// fstat or fstatfs could wait on a FUSE server, F_GETPIPE_SZ on the pipe's
+// mutex.
 DescriptorKind KindOfDescriptor(int fd);
 
 // For logs: "memfd", "socket (AF_INET, SOCK_STREAM)", "pipe", ...
@@ -58,13 +60,13 @@ class DescriptorCloser {
   DescriptorCloser(const DescriptorCloser&) = delete;
   DescriptorCloser& operator=(const DescriptorCloser&) = delete;
 
-  // Gets rid of `fd` without blocking the caller. Memfds and pipes are
-  // closed here (no flush, and their release waits for nobody); AF_INET(6)
-  // sockets are made to close abortively (SO_LINGER {1, 0}: a reset, no
-  // wait, no orphan left behind) and closed here; everything else goes to
-  // the closer's thread. If that thread's queue is full (it is stuck behind
-  // closes that do not return), `fd` is left open for good, counted in
-  // leaked() and logged once: closing it here could block the same way.
+  // Gets rid of `fd` without blocking the caller. Memfds are closed here
+  // (their release waits for nobody); everything else goes to the closer's
+  // thread untouched, which makes AF_INET(6) sockets close abortively
+  // (SO_LINGER {1, 0}: a reset, no wait, no orphan left behind) before it
+  // closes them. If that thread's queue is full (it is stuck behind closes
+  // that do not return), `fd` is left open for good, counted in leaked() and
+  // logged once: closing it here could block the same way.
   void Dispose(ScopedFd fd);
 
   // Closes `fd` on the closer's thread. Returns false, and leaves `*fd` with
@@ -76,7 +78,7 @@ class DescriptorCloser {
   // for reading, receives what is still queued and disposes of every
   // descriptor that came (as Dispose does), then closes it here. If it
   // cannot be emptied that way, the closer's thread closes it (or, with the
-  // queue full, it is closed here after all).
+  // queue full, it is left open and counted in leaked()).
   void CloseConnection(ScopedFd connection);
 
   // Descriptors queued or being closed.

@@ -174,10 +174,16 @@ void SessionMonitor::ShedOne() {
   ScopedFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
   // Records sent before the accept may carry descriptors, which closing it
   // would release here, and there is no descriptor left to receive them
-  // into: the closer closes it. If the closer is full, it is closed here.
+  // into: the closer closes it. If the closer is full, it is closed here
+  // only if nothing is queued in it (every record has bytes), else left
+  // open: a close here must not release a client's descriptors.
   if (fd.get() >= 0) {
     shutdown(fd.get(), SHUT_RDWR);
-    closer_.Enqueue(&fd);
+    if (!closer_.Enqueue(&fd)) {
+      char byte;
+      const bool empty = recv(fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+      if (!empty) fd.release();
+    }
     fd = ScopedFd();
   }
   reserve_ = ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC));

@@ -88,13 +88,16 @@ TEST(KindOfDescriptorTest, NamesWhatClientsPass) {
 }
 
 // The final close of a socket lingering on unsent data does not wait: the
-// closer makes it abortive and closes it at once.
+// closer's thread makes it abortive and closes it at once; the caller does
+// not touch it (SO_LINGER takes the socket's lock).
 TEST(DescriptorCloserTest, LingeringTcpSocketIsClosedAtOnce) {
   DescriptorCloser closer;
   LingeringSocket s = Lingering(5);
   const int fd = s.client.get();
   const absl::Time start = absl::Now();
   closer.Dispose(std::move(s.client));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  ASSERT_TRUE(Drained(closer));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_FALSE(IsOpen(fd));
   EXPECT_EQ(0u, closer.pending());
@@ -122,8 +125,16 @@ TEST(DescriptorCloserTest, MemfdsAndPipesCloseHereOthersOnTheThread) {
 // caller.
 TEST(DescriptorCloserTest, StuckCloserFillsUpAndLeaksRatherThanBlocks) {
   DescriptorCloser closer(/*max_queued=*/2);
+  // A Unix socket with a lingering TCP socket in its queue: its close
+  // releases that socket, whose linger blocks the thread ~2 s.
   LingeringSocket s = Lingering(2);
-  ASSERT_TRUE(closer.Enqueue(&s.client));  // blocks its thread ~2 s
+  int pair[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
+  ScopedFd holder(pair[0]), sender(pair[1]);
+  ASSERT_TRUE(SendRecord(sender.get(), "x", 1, s.client.get()));
+  s.client = ScopedFd();
+  sender = ScopedFd();
+  ASSERT_TRUE(closer.Enqueue(&holder));
   absl::SleepFor(absl::Milliseconds(100));
   ScopedFd second(open("/dev/null", O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(closer.Enqueue(&second));
@@ -157,8 +168,8 @@ TEST(DescriptorCloserTest, ConnectionIsDrainedBeforeItIsClosed) {
   s.client = ScopedFd();  // the only reference is in flight
   const absl::Time start = absl::Now();
   closer.CloseConnection(std::move(ours));
+  ASSERT_TRUE(Drained(closer));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-  EXPECT_EQ(0u, closer.pending());
   EXPECT_EQ(-1, send(theirs.get(), "y", 1, MSG_NOSIGNAL | MSG_DONTWAIT));
   EXPECT_EQ(EPIPE, errno);
   // The lingering socket was reset, not left to linger.
@@ -171,9 +182,16 @@ TEST(DescriptorCloserTest, ConnectionIsDrainedBeforeItIsClosed) {
 
 // The destructor does not wait for ever on a close that does not return.
 TEST(DescriptorCloserTest, DestructorGivesUpOnAStuckClose) {
+  // A Unix socket holding a socket that lingers 6 s: its close blocks.
   LingeringSocket s = Lingering(6);
+  int pair[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
+  ScopedFd holder(pair[0]), sender(pair[1]);
+  ASSERT_TRUE(SendRecord(sender.get(), "x", 1, s.client.get()));
+  s.client = ScopedFd();
+  sender = ScopedFd();
   auto closer = std::make_unique<DescriptorCloser>();
-  ASSERT_TRUE(closer->Enqueue(&s.client));
+  ASSERT_TRUE(closer->Enqueue(&holder));
   const absl::Time start = absl::Now();
   closer.reset();
   const absl::Duration took = absl::Now() - start;
