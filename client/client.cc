@@ -72,14 +72,6 @@ absl::StatusOr<ScopedFd> ConnectSessionSocket(const std::string& socket_path) {
   return fd;
 }
 
-SessionMessage NewMessage(SessionMessageKind kind) {
-  SessionMessage m{};
-  m.magic = kSessionMagic;
-  m.version = kSessionProtocolVersion;
-  m.kind = static_cast<uint32_t>(kind);
-  m.pid = static_cast<uint32_t>(getpid());
-  return m;
-}
 
 
 }  // namespace
@@ -204,9 +196,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 absl::Status Client::Impl::OpenOverSessionSocket(const std::string& socket_path,
                                                  const std::string& client_name) {
   ASSIGN_OR_RETURN(ScopedFd fd, ConnectSessionSocket(socket_path));
-  SessionMessage message = NewMessage(SessionMessageKind::kOpen);
-  std::strncpy(message.client_name, client_name.c_str(),
-               sizeof(message.client_name) - 1);
+  SessionMessage message =
+      NewSessionMessage(SessionMessageKind::kOpen, client_name);
   ScopedFd signal_fd;
   ASSIGN_OR_RETURN(SessionReply reply,
                    Exchange(fd.get(), message, -1, &signal_fd));
@@ -236,7 +227,7 @@ absl::StatusOr<uint64_t> Client::PassDescriptor(int fd) {
   }
   ASSIGN_OR_RETURN(SessionReply reply,
                    Exchange(impl_->session_socket.get(),
-                            NewMessage(SessionMessageKind::kPassFd), fd, nullptr));
+                            NewSessionMessage(SessionMessageKind::kPassFd), fd, nullptr));
   return reply.value;
 }
 
@@ -247,7 +238,7 @@ absl::StatusOr<int> Client::FetchKvWord(uint64_t import_id) {
         "the KV-written page travels over the session socket: connect to a "
         "unix: target");
   }
-  SessionMessage message = NewMessage(SessionMessageKind::kFetchKvWord);
+  SessionMessage message = NewSessionMessage(SessionMessageKind::kFetchKvWord);
   message.import_id = import_id;
   ScopedFd page;
   RETURN_IF_ERROR(
@@ -260,7 +251,7 @@ absl::StatusOr<int> Client::FetchKvWord(uint64_t import_id) {
 
 absl::StatusOr<Client::PoolSegment> Client::FetchPoolSegment(
     const std::string& pool) {
-  SessionMessage message = NewMessage(SessionMessageKind::kFetchPoolSegment);
+  SessionMessage message = NewSessionMessage(SessionMessageKind::kFetchPoolSegment);
   if (pool.empty() || pool.size() >= sizeof(message.client_name)) {
     return absl::InvalidArgumentError("a pool name of 1..64 characters");
   }

@@ -1,7 +1,9 @@
 #include "proto/contract/session_socket.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -49,6 +51,18 @@ ReceivedRecord ReceiveRecord(int socket, void* data, size_t size,
     }
   }
   return out;
+}
+
+SessionMessage NewSessionMessage(SessionMessageKind kind,
+                                 std::string_view client_name) {
+  SessionMessage m{};
+  m.magic = kSessionMagic;
+  m.version = kSessionProtocolVersion;
+  m.kind = static_cast<uint32_t>(kind);
+  m.pid = static_cast<uint32_t>(getpid());
+  const size_t n = std::min(client_name.size(), sizeof(m.client_name) - 1);
+  std::memcpy(m.client_name, client_name.data(), n);
+  return m;
 }
 
 bool SendRecord(int socket, const void* data, size_t size, int pass_fd) {

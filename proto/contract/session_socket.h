@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "proto/contract/shm_segment.h"
@@ -117,6 +118,11 @@ ReceivedRecord ReceiveRecord(int socket, void* data, size_t size,
 // Sends one record, with `pass_fd` (if >= 0) as SCM_RIGHTS. Returns false
 // (errno set) if it could not be sent whole.
 bool SendRecord(int socket, const void* data, size_t size, int pass_fd = -1);
+
+// A record of `kind` with its header (magic, version, this process's pid)
+// and `client_name` (cut to fit, NUL-terminated) filled in.
+SessionMessage NewSessionMessage(SessionMessageKind kind,
+                                 std::string_view client_name = {});
 
 }  // namespace hostkv
 

@@ -215,11 +215,7 @@ int TruncateSegment(Client& client, const std::string& pool) {
 }
 
 int HandedFd() {
-  SessionMessage m{};
-  m.magic = kSessionMagic;
-  m.version = kSessionProtocolVersion;
-  m.kind = static_cast<uint32_t>(SessionMessageKind::kOpen);
-  std::strncpy(m.client_name, "handed", sizeof(m.client_name) - 1);
+  const SessionMessage m = NewSessionMessage(SessionMessageKind::kOpen, "handed");
   SendRecord(3, &m, sizeof(m));
   SessionReply reply{};
   ReceivedRecord got = ReceiveRecord(3, &reply, sizeof(reply), false);
@@ -263,15 +259,6 @@ LingeringPair MakeLingeringPair() {
   return p;
 }
 
-SessionMessage LingeringRecord(SessionMessageKind kind) {
-  SessionMessage m{};
-  m.magic = kSessionMagic;
-  m.version = kSessionProtocolVersion;
-  m.kind = static_cast<uint32_t>(kind);
-  std::strncpy(m.client_name, "lingering", sizeof(m.client_name) - 1);
-  return m;
-}
-
 // Prints "LABEL: code C MESSAGE" for the next reply on `socket` (-1: none
 // within its SO_RCVTIMEO).
 void PrintReply(int socket, const char* label) {
@@ -305,8 +292,8 @@ int PassLingeringSockets(const std::string& target, int hold_ms) {
       return 14;
   }
   for (int i = 0; i < 3; ++i) held.push_back(MakeLingeringPair());
-  const SessionMessage open = LingeringRecord(SessionMessageKind::kOpen);
-  const SessionMessage pass = LingeringRecord(SessionMessageKind::kPassFd);
+  const SessionMessage open = NewSessionMessage(SessionMessageKind::kOpen, "lingering");
+  const SessionMessage pass = NewSessionMessage(SessionMessageKind::kPassFd, "lingering");
   int sent = SendRecord(connections[0], &open, sizeof(open));
   sent += SendRecord(connections[0], &pass, sizeof(pass), held[0].client);
   sent += SendRecord(connections[0], &open, sizeof(open), held[1].client);

@@ -59,12 +59,7 @@ struct KillAtEnd {
 };
 
 SessionMessage Record(SessionMessageKind kind) {
-  SessionMessage m{};
-  m.magic = kSessionMagic;
-  m.version = kSessionProtocolVersion;
-  m.kind = static_cast<uint32_t>(kind);
-  std::strncpy(m.client_name, "descriptors-test", sizeof(m.client_name) - 1);
-  return m;
+  return NewSessionMessage(kind, "descriptors-test");
 }
 
 // A session-socket connection of this process whose replies must come

@@ -122,18 +122,22 @@ TEST(DescriptorCloserTest, MemfdsAndPipesCloseHereOthersOnTheThread) {
 
 // A close that blocks holds up only the closer's thread; once its queue is
 // full, further descriptors are left open (counted), never closed by the
+// A Unix socket whose queue holds the only reference to `held`: closing it
+// releases `held` in the closing thread (which then waits out its linger).
+ScopedFd HoldingOnly(ScopedFd held) {
+  int pair[2];
+  EXPECT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
+  ScopedFd holder(pair[0]), sender(pair[1]);
+  EXPECT_TRUE(SendRecord(sender.get(), "x", 1, held.get()));
+  return holder;
+}
+
 // caller.
 TEST(DescriptorCloserTest, StuckCloserFillsUpAndLeaksRatherThanBlocks) {
   DescriptorCloser closer(/*max_queued=*/2);
-  // A Unix socket with a lingering TCP socket in its queue: its close
-  // releases that socket, whose linger blocks the thread ~2 s.
+  // Its close blocks the closer's thread ~2 s.
   LingeringSocket s = Lingering(2);
-  int pair[2];
-  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
-  ScopedFd holder(pair[0]), sender(pair[1]);
-  ASSERT_TRUE(SendRecord(sender.get(), "x", 1, s.client.get()));
-  s.client = ScopedFd();
-  sender = ScopedFd();
+  ScopedFd holder = HoldingOnly(std::move(s.client));
   ASSERT_TRUE(closer.Enqueue(&holder));
   absl::SleepFor(absl::Milliseconds(100));
   ScopedFd second(open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -182,14 +186,9 @@ TEST(DescriptorCloserTest, ConnectionIsDrainedBeforeItIsClosed) {
 
 // The destructor does not wait for ever on a close that does not return.
 TEST(DescriptorCloserTest, DestructorGivesUpOnAStuckClose) {
-  // A Unix socket holding a socket that lingers 6 s: its close blocks.
+  // Its close blocks for 6 s.
   LingeringSocket s = Lingering(6);
-  int pair[2];
-  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
-  ScopedFd holder(pair[0]), sender(pair[1]);
-  ASSERT_TRUE(SendRecord(sender.get(), "x", 1, s.client.get()));
-  s.client = ScopedFd();
-  sender = ScopedFd();
+  ScopedFd holder = HoldingOnly(std::move(s.client));
   auto closer = std::make_unique<DescriptorCloser>();
   ASSERT_TRUE(closer->Enqueue(&holder));
   const absl::Time start = absl::Now();
