@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "prometheus/registry.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
@@ -46,11 +47,15 @@
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_access.h"
 #include "server/pool/pool_registry.h"
+#include "server/pool/pool_spec.h"
 #include "server/service/reflection_service.h"
 #include "server/service/request_handler.h"
 #include "server/sessions/session_monitor.h"
 #include "server/sessions/session_registry.h"
 #include "server/operations/state_collector.h"
+#include "server/state/keeper_protocol.h"
+#include "server/state/state_adoption.h"
+#include "server/state/state_keeper.h"
 #include "server/transfer/transfer_engine.h"
 #include "spdlog/spdlog.h"
 
@@ -69,6 +74,19 @@ absl::Status CreateConfiguredPools(const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat("--config ", path, " does not parse"));
   }
   for (int i = 0; i < config.pools_size(); ++i) {
+    if (absl::StatusOr<std::shared_ptr<HostPool>> adopted =
+            pools.Get(config.pools(i).name());
+        adopted.ok()) {
+      if (google::protobuf::util::MessageDifferencer::Equals(
+              (*adopted)->info().spec(), NormalizePoolSpec(config.pools(i)))) {
+        continue;  // adopted from the previous daemon, as configured
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--config ", path, ": pools[", i, "] ('", config.pools(i).name(),
+          "') differs from the pool of that name the previous hostkvd left: "
+          "start with --discard_state to drop the old state, or give the "
+          "pool another name"));
+    }
     absl::StatusOr<std::shared_ptr<HostPool>> pool =
         pools.Create(config.pools(i), /*attach_if_exists=*/false, owner,
                      Principal{});
@@ -89,6 +107,10 @@ struct Daemon {
   std::unique_ptr<DaemonMetrics> metrics;
   std::unique_ptr<MemoryBudget> budget;
   std::unique_ptr<GpuBackend> gpu;  // outlives the pools and imports
+  // Restarts: the state keeper and this daemon's ledger outlive the pools
+  // and sessions that write to them.
+  std::unique_ptr<StateKeeper> keeper;
+  std::unique_ptr<DaemonLedger> ledger;
   std::unique_ptr<PoolRegistry> pools;
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<TransferEngine> transfers;
@@ -137,6 +159,36 @@ absl::Status StartGpuBackend(DaemonOptions o, Daemon& d) {
   return absl::OkStatus();
 }
 
+// Connects to the state keeper (starting one), drops its state with
+// --discard_state, adopts it otherwise (README "Restarts and upgrades").
+absl::Status KeepState(const DaemonOptions& o, Daemon& d) {
+  if (!o.keep_state || o.socket_path.empty()) {
+    spdlog::info("state is not kept across restarts ({})",
+                 o.socket_path.empty() ? "no unix: socket" : "--keep_state=false");
+    return absl::OkStatus();
+  }
+  const std::string path = o.socket_path + kStateSocketSuffix;
+  ASSIGN_OR_RETURN(d.keeper, StateKeeper::Connect(path, /*spawn=*/true,
+                                                  o.state_keep_for));
+  if (o.discard_state) {
+    ASSIGN_OR_RETURN(auto held, d.keeper->Collect());
+    RETURN_IF_ERROR(d.keeper->Discard());
+    spdlog::warn("--discard_state: dropped what the previous hostkvd left ({} "
+                 "descriptors)", held.size());
+    held.clear();
+    ASSIGN_OR_RETURN(d.keeper, StateKeeper::Connect(path, /*spawn=*/true,
+                                                    o.state_keep_for));
+  }
+  ASSIGN_OR_RETURN(AdoptedState adopted,
+                   AdoptState(*d.keeper, o.sessions.max_sessions, *d.pools,
+                              *d.sessions));
+  d.ledger = std::move(adopted.ledger);
+  if (adopted.adopted && d.metrics != nullptr) {
+    d.metrics->RecordAdoption(adopted.counts);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   const std::string prefix = SegmentPrefix(o.socket_path);
   if (!o.metrics_listen.empty()) {
@@ -151,6 +203,7 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
       d.gpu.get(), o.quota, o.cache);
   d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records,
                                                  o.sessions, d.budget.get());
+  RETURN_IF_ERROR(KeepState(o, d));
   d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get(),
                                                  d.gpu.get());
   d.handler = std::make_unique<RequestHandler>(
@@ -377,6 +430,9 @@ int main(int argc, char** argv) {
   std::vector<char*> arg_ptrs;
   for (std::string& a : *args) arg_ptrs.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (const std::string keeper = hostkv::StateKeeperFlag(); !keeper.empty()) {
+    return hostkv::RunStateKeeper(keeper, hostkv::StateKeepForFlag());
+  }
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);

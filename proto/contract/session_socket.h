@@ -11,6 +11,7 @@
 //                                               daemon: SessionReply + memfd
 //   client -> daemon: SessionMessage {kFetchPoolSegment, client_name = pool}
 //                                               daemon: SessionReply {value} + fd
+//   client -> daemon: SessionMessage {kResume}  daemon: SessionReply + signal fd
 // One session per connection; it ends when the connection closes.
 #ifndef HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
 #define HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
@@ -61,6 +62,14 @@ enum class SessionMessageKind : uint32_t {
   // PermissionDenied for a pool the session may not use. Needs an attached
   // session.
   kFetchPoolSegment = 5,
+  // Resumes, after a daemon restart, the session `session_id` (its secret)
+  // that the previous daemon left in its state: the reply is kOpen's (the
+  // same session number, a new signal segment). The session keeps its
+  // pages; its imports, passed descriptors, operations in flight and
+  // references on cached pages did not survive. NotFound ("did not
+  // survive") when the daemon holds no such session; PermissionDenied for
+  // another uid; FailedPrecondition if the session never went away.
+  kResume = 6,
 };
 
 struct SessionMessage {

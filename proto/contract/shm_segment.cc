@@ -163,6 +163,37 @@ absl::StatusOr<ShmSegment> ShmSegment::OpenMapping(const std::string& name,
   return MapDescriptor(fd.get(), name, offset, length, whole, access);
 }
 
+absl::StatusOr<ShmSegment> ShmSegment::AdoptSealed(ScopedFd fd,
+                                                   const std::string& label,
+                                                   uint64_t expected_size) {
+  const std::string name = "memfd:" + label;
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+                       (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " is not a memfd sealed against resizing"));
+  }
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat " + name);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (!S_ISREG(st.st_mode) || size < expected_size || size == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " is ", size, " bytes, not the ", expected_size, " expected"));
+  }
+  void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    fd.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap " + name);
+  ShmSegment segment;
+  segment.name_ = name;
+  segment.data_ = segment.map_base_ = static_cast<uint8_t*>(addr);
+  segment.size_ = segment.map_bytes_ = segment.file_size_ = size;
+  segment.owner_uid_ = st.st_uid;
+  segment.owner_gid_ = st.st_gid;
+  segment.mode_ = st.st_mode;
+  segment.fd_ = std::move(fd);
+  return segment;
+}
+
 absl::StatusOr<ShmSegment> ShmSegment::MapFd(int fd, const std::string& label,
                                              Access access) {
   return MapDescriptor(fd, label, 0, 0, /*whole=*/true, access);

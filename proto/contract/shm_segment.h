@@ -81,6 +81,15 @@ class ShmSegment {
                                                Access access);
 
   // An empty segment that maps nothing.
+  // Takes over a sealed memfd that CreateSealed made (e.g. in a daemon that
+  // ran before, kept by the state keeper) and maps it read-write; the
+  // segment keeps `fd` (ReopenFd works). FailedPrecondition unless `fd` is
+  // a memfd sealed against shrinking and growing, of at least
+  // `expected_size` bytes.
+  static absl::StatusOr<ShmSegment> AdoptSealed(ScopedFd fd,
+                                                const std::string& label,
+                                                uint64_t expected_size);
+
   ShmSegment() = default;
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;

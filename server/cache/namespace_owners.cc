@@ -102,7 +102,17 @@ absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
   }
   ++claimed;
   owners_.emplace(std::string(name_space), owner);
+  if (recorder_) recorder_(std::string(name_space), owner);
   return absl::OkStatus();
+}
+
+bool NamespaceOwners::Adopt(const std::string& name_space,
+                            const NamespaceOwner& owner) {
+  absl::MutexLock lock(&mu_);
+  if (!owners_.emplace(name_space, owner).second) return false;
+  ++claimed_[OwnerKey(owner)];
+  if (recorder_) recorder_(name_space, owner);
+  return true;
 }
 
 absl::Status NamespaceOwners::CheckUse(const std::string& pool,

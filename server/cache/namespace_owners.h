@@ -10,6 +10,7 @@
 #define HOSTKV_SERVER_CACHE_NAMESPACE_OWNERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -80,6 +81,17 @@ class NamespaceOwners {
   // Namespaces claimed.
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Called, with the lock held, for every claim from now on (e.g. to write
+  // it to the daemon ledger). Set before the owners are shared.
+  using ClaimRecorder =
+      std::function<void(const std::string& name_space, const NamespaceOwner&)>;
+  void set_recorder(ClaimRecorder recorder) { recorder_ = std::move(recorder); }
+  // Takes a claim a previous daemon made (its ledger), as if made here;
+  // false if the namespace is owned already. Counts toward the owner's
+  // limit, which it may exceed.
+  bool Adopt(const std::string& name_space, const NamespaceOwner& owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   absl::Status CheckUseLocked(const std::string& pool,
                               absl::string_view name_space,
@@ -91,6 +103,7 @@ class NamespaceOwners {
 
   const CacheSharing sharing_;
   const uint32_t max_per_uid_;
+  ClaimRecorder recorder_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, NamespaceOwner> owners_ ABSL_GUARDED_BY(mu_);
   // Namespaces claimed per owner (OwnerKey).

@@ -259,6 +259,11 @@ PublishResult PageCache::PublishOneLocked(uint16_t ns, const PublishItem& item,
   e.refs = 0;
   if (parent != kNone) AddChild(parent);
   LinkHot(page);
+  if (ledger_ != nullptr) {
+    ledger_->RecordCached(page, namespaces_[ns].name, item.key,
+                          parent == kNone ? CacheLedger::kNoParent : parent,
+                          e.last_use);
+  }
   Count(ns, &CacheCounters::cached, 1);
   Count(ns, &CacheCounters::evictable, 1);
   *page_out = page;
@@ -407,6 +412,7 @@ void PageCache::EvictColdestLocked(size_t hash) {
   Unlink(page);
   keys_.erase(keys_.find(KeyRef{e.ns, e.Key(), hash}));
   e.key_size = 0;
+  if (ledger_ != nullptr) ledger_->RecordEvicted(page);
   Count(e.ns, &CacheCounters::cached, -1);
   Count(e.ns, &CacheCounters::evictable, -1);
   Count(e.ns, &CacheCounters::evictions, 1);

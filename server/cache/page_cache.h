@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "server/cache/cache_ledger.h"
 #include "server/pool/slot_allocator.h"
 
 namespace hostkv {
@@ -91,6 +92,15 @@ struct PublishResult {
   // The page cached under the key (the item's page for kCached, the one
   // kept for kAlreadyCached); the item's page for kConflict.
   uint64_t page = 0;
+};
+
+// A cached page as a previous daemon's ledger recorded it (PageCache::Adopt).
+struct AdoptedEntry {
+  uint64_t page = 0;
+  std::string name_space;
+  std::string key;
+  uint64_t parent = UINT64_MAX;  // a page, or UINT64_MAX for none
+  uint64_t use = 0;              // larger: used later
 };
 
 struct LookupResult {
@@ -270,6 +280,19 @@ class PageCache {
   // the daemon's limits). What the daemon reserves in its memory budget.
   uint64_t MaxMemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Every key published or evicted from now on is also written to `ledger`
+  // (may be null). Set before the cache is shared.
+  void set_ledger(CacheLedger* ledger) { ledger_ = ledger; }
+
+  // Caches `entries` in an empty cache, as a previous daemon left them:
+  // oldest use coldest, no references. An entry whose page is out of range
+  // or listed twice, whose key or namespace is invalid, or whose key is
+  // cached already is skipped; a parent that is not among the adopted pages
+  // is dropped (the entry stays). Returns the pages cached.
+  // FailedPrecondition if the cache is not empty.
+  absl::StatusOr<std::vector<uint64_t>> Adopt(std::vector<AdoptedEntry> entries)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   CacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // One namespace's counters (zeros if nothing was ever published in it).
   CacheCounters CountersOf(absl::string_view name_space) const
@@ -437,6 +460,7 @@ class PageCache {
   // Part of total_.misses: lookups in namespaces never published in.
   uint64_t unknown_namespace_misses_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t total_refs_ ABSL_GUARDED_BY(mu_) = 0;  // all sessions, all pages
+  CacheLedger* ledger_ = nullptr;
   // ReferenceCharge: references paid for in the budget.
   ReferenceCharge charge_;
   uint64_t charged_refs_ ABSL_GUARDED_BY(mu_) = 0;

@@ -72,7 +72,14 @@ DaemonMetrics::DaemonMetrics(std::shared_ptr<prometheus::Registry> registry)
       session_ends_(prometheus::BuildCounter()
                         .Name("hostkv_sessions_ended_total")
                         .Help("Sessions ended, by reason")
-                        .Register(*registry_)) {}
+                        .Register(*registry_)),
+      restarts_(prometheus::BuildCounter()
+                    .Name("hostkv_restart_adopted_total")
+                    .Help("What this daemon adopted from the hostkvd that ran "
+                          "before it (what: restarts, sessions, "
+                          "sessions_resumed, pages_owned, pages_cached, "
+                          "pages_dropped, keys_dropped)")
+                    .Register(*registry_)) {}
 
 void DaemonMetrics::RecordRpc(const char* method, absl::StatusCode code) {
   rpcs_.Add({{"method", method}, {"code", absl::StatusCodeToString(code)}})
@@ -112,6 +119,20 @@ void DaemonMetrics::RecordAllocFailure(const char* reason) {
 
 void DaemonMetrics::RecordSessionEnd(const char* reason) {
   session_ends_.Add({{"reason", reason}}).Increment();
+}
+
+void DaemonMetrics::RecordSessionResumed() {
+  restarts_.Add({{"what", "sessions_resumed"}}).Increment();
+}
+
+void DaemonMetrics::RecordAdoption(const Adoption& a) {
+  restarts_.Add({{"what", "restarts"}}).Increment();
+  restarts_.Add({{"what", "sessions"}}).Increment(static_cast<double>(a.sessions));
+  restarts_.Add({{"what", "sessions_resumed"}});
+  restarts_.Add({{"what", "pages_owned"}}).Increment(static_cast<double>(a.pages_owned));
+  restarts_.Add({{"what", "pages_cached"}}).Increment(static_cast<double>(a.pages_cached));
+  restarts_.Add({{"what", "pages_dropped"}}).Increment(static_cast<double>(a.pages_dropped));
+  restarts_.Add({{"what", "keys_dropped"}}).Increment(static_cast<double>(a.keys_dropped));
 }
 
 }  // namespace hostkv

@@ -38,8 +38,16 @@ class DaemonMetrics {
   void RecordLayerReady(CopyDirection direction, absl::Duration since_submit);
   // reason: "pool_full", "bad_size".
   void RecordAllocFailure(const char* reason);
-  // reason: "closed", "disconnected", "lease_expired".
+  // reason: "closed", "disconnected", "lease_expired", "not_resumed".
   void RecordSessionEnd(const char* reason);
+  // A session adopted from the previous daemon was resumed by its client.
+  void RecordSessionResumed();
+  // One adoption of a previous daemon's state at start, with its counts.
+  struct Adoption {
+    uint64_t sessions = 0, pages_owned = 0, pages_cached = 0,
+             pages_dropped = 0, keys_dropped = 0;
+  };
+  void RecordAdoption(const Adoption& adoption);
 
  private:
   prometheus::Counter& TransferCounter(prometheus::Family<prometheus::Counter>& f,
@@ -54,6 +62,7 @@ class DaemonMetrics {
   prometheus::Family<prometheus::Histogram>& layer_ready_;
   prometheus::Family<prometheus::Counter>& alloc_failures_;
   prometheus::Family<prometheus::Counter>& session_ends_;
+  prometheus::Family<prometheus::Counter>& restarts_;
 };
 
 const char* DirectionName(CopyDirection direction);   // "load" / "backup"

@@ -71,6 +71,18 @@ ABSL_FLAG(bool, metrics_namespace_names, false,
           "label the page-cache series of /metrics with each namespace's name "
           "instead of the first 12 hex digits of its SHA-256 (names can tell "
           "one user what another runs: for single-tenant nodes)");
+ABSL_FLAG(bool, keep_state, true,
+          "keep pools, their pages, sessions and cached keys across a restart "
+          "or crash of hostkvd: a state keeper process on <socket>.state holds "
+          "them while no daemon runs (unix: sockets only)");
+ABSL_FLAG(bool, discard_state, false,
+          "at start, drop what a previous hostkvd left (its pools, pages, "
+          "sessions and cached keys) instead of adopting it");
+ABSL_FLAG(absl::Duration, state_keep_for, absl::Minutes(10),
+          "how long the state keeper keeps the state while no hostkvd runs");
+ABSL_FLAG(std::string, state_keeper, "",
+          "run as the state keeper on this socket path instead of as the "
+          "daemon (hostkvd starts one itself; or run it as its own container)");
 ABSL_FLAG(int, copy_threads, 0,
           "threads copying pages on the CPU backend (0 = one per core but "
           "one, which is left to the gRPC threads)");
@@ -167,6 +179,9 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "metrics_listen",
                                              "metrics_token_file",
                                              "metrics_namespace_names",
+                                             "keep_state",
+                                             "discard_state",
+                                             "state_keep_for",
                                              "copy_threads",
                                              "signal_records",
                                              "max_page_io",
@@ -421,6 +436,13 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
         ReadSecretFile("metrics_token_file", metrics_token_file, "a token"));
   }
   o.metrics_namespace_names = absl::GetFlag(FLAGS_metrics_namespace_names);
+  o.keep_state = absl::GetFlag(FLAGS_keep_state);
+  o.discard_state = absl::GetFlag(FLAGS_discard_state);
+  o.state_keep_for = absl::GetFlag(FLAGS_state_keep_for);
+  if (o.state_keep_for < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        "--state_keep_for must be at least 1s (e.g. 10m)");
+  }
   ASSIGN_OR_RETURN(o.tier, ReadTierFlags());
   return o;
 }
@@ -433,6 +455,9 @@ const std::vector<std::string>& DaemonFlagNames() {
   }();
   return *names;
 }
+
+std::string StateKeeperFlag() { return absl::GetFlag(FLAGS_state_keeper); }
+absl::Duration StateKeepForFlag() { return absl::GetFlag(FLAGS_state_keep_for); }
 
 absl::Status SetUpLoggingFromFlags() {
   return SetUpLogging(absl::GetFlag(FLAGS_log_level),

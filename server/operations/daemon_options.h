@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/strings/string_view.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "server/pool/pool_registry.h"
@@ -47,6 +48,10 @@ struct DaemonOptions {
   std::string metrics_listen;  // --metrics_listen
   std::string metrics_token;   // from --metrics_token_file; empty: none asked
   bool metrics_namespace_names = false;  // --metrics_namespace_names
+  // Restarts (README "Restarts and upgrades").
+  bool keep_state = true;      // --keep_state
+  bool discard_state = false;  // --discard_state
+  absl::Duration state_keep_for = absl::Minutes(10);
 };
 
 // Every flag by name, for the config file and HOSTKVD_<FLAG> sources.
@@ -55,6 +60,11 @@ const std::vector<std::string>& DaemonFlagNames();
 // The parsed flags, checked; InvalidArgument naming the flag otherwise.
 absl::StatusOr<DaemonOptions> ReadDaemonOptions();
 
+
+// --state_keeper (the path to keep state on; empty: run as the daemon) and
+// --state_keep_for, read before anything else.
+std::string StateKeeperFlag();
+absl::Duration StateKeepForFlag();
 
 // Sets up logging from --log_level and --log_format.
 absl::Status SetUpLoggingFromFlags();

@@ -13,6 +13,7 @@
 
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_spec.h"
+#include "server/state/pool_ledger.h"
 
 namespace hostkv {
 namespace {
@@ -33,6 +34,34 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
   ASSIGN_OR_RETURN(ShmSegment segment,
                    ShmSegment::CreateSealed(segment_label, geometry.total_bytes()));
   segment.Prefault(prefault_threads);
+  v1::Pool info = InfoOf(spec, geometry, segment);
+  return std::unique_ptr<HostPool>(
+      new HostPool(std::move(info), geometry, std::move(segment),
+                   std::move(reservation), std::move(cache), cache_options));
+}
+
+absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Adopt(
+    const v1::PoolSpec& spec, const PoolGeometry& geometry, ScopedFd segment_fd,
+    const std::string& segment_label, BudgetReservation reservation,
+    const CacheOptions& cache_options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PageCache> cache,
+                   PageCache::Create(geometry.num_pages()));
+  ASSIGN_OR_RETURN(ShmSegment segment,
+                   ShmSegment::AdoptSealed(std::move(segment_fd), segment_label,
+                                           geometry.total_bytes()));
+  if (segment.size() != geometry.total_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        segment.name(), " is ", segment.size(), " bytes; pool '", spec.name(),
+        "' has ", geometry.total_bytes()));
+  }
+  v1::Pool info = InfoOf(spec, geometry, segment);
+  return std::unique_ptr<HostPool>(
+      new HostPool(std::move(info), geometry, std::move(segment),
+                   std::move(reservation), std::move(cache), cache_options));
+}
+
+v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry,
+                          const ShmSegment& segment) {
   v1::Pool info;
   *info.mutable_spec() = NormalizePoolSpec(spec);
   info.set_backend(v1::BACKEND_CPU);
@@ -45,9 +74,15 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
   info.set_token_stride(geometry.token_stride());
   info.set_v_offset(geometry.kv_planes() == 2 ? geometry.plane_bytes() : 0);
   info.set_segment_name(segment.name());
-  return std::unique_ptr<HostPool>(
-      new HostPool(std::move(info), geometry, std::move(segment),
-                   std::move(reservation), std::move(cache), cache_options));
+  return info;
+}
+
+HostPool::~HostPool() = default;
+
+void HostPool::set_ledger(std::unique_ptr<PoolLedger> ledger) {
+  ledger_ = std::move(ledger);
+  allocator_.set_ledger(ledger_.get());
+  cache_->set_ledger(ledger_.get());
 }
 
 absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {

@@ -22,6 +22,8 @@
 
 namespace hostkv {
 
+class PoolLedger;  // server/state/pool_ledger.h
+
 // The page cache's settings, the same for every pool (daemon flags).
 struct CacheOptions {
   CacheSharing sharing;
@@ -48,6 +50,18 @@ class HostPool {
       const std::string& segment_label, unsigned prefault_threads,
       BudgetReservation reservation, const CacheOptions& cache_options = {});
 
+  // The pool a previous daemon made with this spec, from its segment's
+  // memfd (kept by the state keeper): the same bytes. Its pages are all
+  // free until the caller restores the allocator (SlotAllocator::Restore)
+  // and the page cache (PageCache::Adopt). FailedPrecondition if the memfd
+  // is not a sealed segment of the geometry's size.
+  static absl::StatusOr<std::unique_ptr<HostPool>> Adopt(
+      const v1::PoolSpec& spec, const PoolGeometry& geometry,
+      ScopedFd segment_fd, const std::string& segment_label,
+      BudgetReservation reservation, const CacheOptions& cache_options = {});
+
+  ~HostPool();
+
   const std::string& name() const { return info_.spec().name(); }
   const PoolGeometry& geometry() const { return geometry_; }
   // The pool as the API describes it.
@@ -69,6 +83,17 @@ class HostPool {
   void set_cache_reservation(BudgetReservation reservation) {
     cache_reservation_ = std::move(reservation);
   }
+
+  // The pool's ledger (server/state/pool_ledger.h): from now on every page
+  // owner and cached key is also written there. Set once, before the pool
+  // is shared; null without one.
+  void set_ledger(std::unique_ptr<PoolLedger> ledger);
+  PoolLedger* ledger() const { return ledger_.get(); }
+  void set_ledger_reservation(BudgetReservation reservation) {
+    ledger_reservation_ = std::move(reservation);
+  }
+  // The segment's memfd (the daemon's own descriptor: for the state keeper).
+  int segment_fd() const { return segment_.fd(); }
 
   // Device-buffer registrations that refer to this pool.
   std::atomic<uint32_t>& imports() { return imports_; }
@@ -103,6 +128,9 @@ class HostPool {
   void set_owner(v1::PoolOwner owner) { owner_ = std::move(owner); }
 
  private:
+  // The API's description of a pool of `spec` in `segment`.
+  static v1::Pool InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry,
+                         const ShmSegment& segment);
   HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,
            BudgetReservation reservation, std::unique_ptr<PageCache> cache,
            const CacheOptions& cache_options);
@@ -115,6 +143,9 @@ class HostPool {
   const std::unique_ptr<PageCache> cache_;
   const std::shared_ptr<NamespaceOwners> namespaces_;
   BudgetReservation cache_reservation_;
+  // Written by the allocator and the cache; goes after the scrubber stops.
+  std::unique_ptr<PoolLedger> ledger_;
+  BudgetReservation ledger_reservation_;
   std::atomic<uint32_t> imports_{0};
   std::atomic<uint64_t> loads_{0};
   std::atomic<uint64_t> backups_{0};

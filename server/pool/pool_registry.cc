@@ -8,9 +8,19 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_spec.h"
+#include "server/state/pool_ledger.h"
+#include "server/state/state_keeper.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
+
+std::string PoolSegmentKeepName(const std::string& pool) {
+  return "pool/" + pool + "/segment";
+}
+
+std::string PoolLedgerKeepName(const std::string& pool) {
+  return "pool/" + pool + "/ledger";
+}
 
 PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
                            unsigned prefault_threads, GpuBackend* gpu,
@@ -123,6 +133,24 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
                                     spec.name()),
                        prefault_threads_, std::move(reservation),
                        cache_options_));
+  spdlog::info(
+      "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
+      "bytes={} ({}) segment={} in {}",
+      spec.name(),
+      owner.daemon() ? std::string("the daemon")
+      : owner.unverified() ? std::string("an unverified session")
+                           : absl::StrCat("uid ", owner.uid()), geometry.attention == Attention::kMha ? "MHA" : "MLA",
+      HostLayoutName(geometry.layout), geometry.page_size, geometry.token_slots,
+      geometry.num_pages(), geometry.total_bytes(),
+      FormatBytes(geometry.total_bytes()), pool->info().segment_name(),
+      absl::FormatDuration(absl::Now() - start));
+  return Publish(std::move(pool), owner);
+}
+
+absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Publish(
+    std::unique_ptr<HostPool> pool, const v1::PoolOwner& owner) {
+  const v1::PoolSpec& spec = pool->info().spec();
+  const std::string what = absl::StrCat("pool '", spec.name(), "'");
   // The page cache's metadata, as if every page were cached.
   const uint64_t cache_bytes = pool->cache().MaxMemoryBytes();
   RETURN_IF_ERROR(budget_->Reserve(absl::StrCat(what, "'s page cache index"),
@@ -135,23 +163,28 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
   pool->cache().set_reference_charge(PageCache::ReferenceCharge{
       [budget, refs_of](uint64_t bytes) { return budget->Reserve(refs_of, bytes); },
       [budget](uint64_t bytes) { budget->Release(bytes); }});
-  spdlog::info(
-      "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
-      "bytes={} ({}) segment={} in {}",
-      spec.name(),
-      owner.daemon() ? std::string("the daemon")
-      : owner.unverified() ? std::string("an unverified session")
-                           : absl::StrCat("uid ", owner.uid()), geometry.attention == Attention::kMha ? "MHA" : "MLA",
-      HostLayoutName(geometry.layout), geometry.page_size, geometry.token_slots,
-      geometry.num_pages(), geometry.total_bytes(),
-      FormatBytes(geometry.total_bytes()), pool->info().segment_name(),
-      absl::FormatDuration(absl::Now() - start));
+  if (keeper_ != nullptr) {
+    const uint64_t num_pages = pool->geometry().num_pages();
+    const uint64_t ledger_bytes = PoolLedger::BytesFor(num_pages);
+    RETURN_IF_ERROR(budget_->Reserve(absl::StrCat(what, "'s ledger"), ledger_bytes));
+    pool->set_ledger_reservation(BudgetReservation(budget_, ledger_bytes));
+    if (pool->ledger() == nullptr) {
+      ASSIGN_OR_RETURN(std::unique_ptr<PoolLedger> ledger,
+                       PoolLedger::Create(spec, owner, num_pages));
+      pool->set_ledger(std::move(ledger));
+    }
+    RETURN_IF_ERROR(keeper_->Deposit(PoolSegmentKeepName(spec.name()),
+                                     pool->segment_fd()));
+    RETURN_IF_ERROR(keeper_->Deposit(PoolLedgerKeepName(spec.name()),
+                                     pool->ledger()->fd()));
+  }
   pool->set_owner(owner);
   if (gpu_ != nullptr) {
     // NOT_SERVING until pinned; `done` runs on the pinning thread, which
     // the pool joins before it goes away.
     pool->set_pinning(gpu_->StartPinning(
-        spec.name(), pool->base(), geometry.total_bytes(), geometry.page_bytes(),
+        spec.name(), pool->base(), pool->geometry().total_bytes(),
+        pool->geometry().page_bytes(),
         [this, name = spec.name()](bool) { Notify(name); }));
   }
   std::shared_ptr<HostPool> shared = std::move(pool);
@@ -205,6 +238,14 @@ absl::Status PoolRegistry::Delete(const std::string& name,
   // in Notify.
   deleted.reset();
   Notify(name);
+  if (keeper_ != nullptr) {
+    absl::Status a = keeper_->Remove(PoolSegmentKeepName(name));
+    absl::Status b = keeper_->Remove(PoolLedgerKeepName(name));
+    if (!a.ok() || !b.ok()) {
+      spdlog::warn("pool '{}': the state keeper did not let go of it: {}", name,
+                   std::string((a.ok() ? b : a).message()));
+    }
+  }
   spdlog::info("pool '{}' deleted", name);
   return absl::OkStatus();
 }

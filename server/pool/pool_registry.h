@@ -26,6 +26,23 @@ struct PoolQuota {
   uint64_t max_pool_bytes_per_uid = 0;  // 0: only the memory budget caps
 };
 
+class PoolLedger;   // server/state/pool_ledger.h
+class StateKeeper;  // server/state/state_keeper.h
+
+// What adopting one pool kept and dropped (PoolRegistry::Adopt).
+struct PoolAdoption {
+  uint64_t pages_owned = 0;     // sessions' pages kept
+  uint64_t pages_cached = 0;    // cached pages kept, with their keys
+  uint64_t pages_dropped = 0;   // zeroed and freed: unproven, or their owner
+                                // did not survive
+  uint64_t keys_dropped = 0;    // records unproven, of an unowned namespace,
+                                // or of a page not the cache's
+};
+
+// The state keeper's names of a pool's memfds.
+std::string PoolSegmentKeepName(const std::string& pool);
+std::string PoolLedgerKeepName(const std::string& pool);
+
 // Thread-safe. Pools are shared_ptrs so that copies in flight keep a deleted
 // pool's memory alive until they finish.
 class PoolRegistry {
@@ -49,6 +66,25 @@ class PoolRegistry {
                                                    bool attach_if_exists,
                                                    const v1::PoolOwner& owner,
                                                    const Principal& who)
+      ABSL_LOCKS_EXCLUDED(mu_, create_mu_);
+
+  // From now on every pool created gets a ledger, and its segment and
+  // ledger are deposited with `keeper` (removed when it is deleted). Set
+  // before the registry is shared; null: pools do not survive the daemon.
+  void set_keeper(StateKeeper* keeper) { keeper_ = keeper; }
+  // The daemon's namespace owners (every pool's).
+  NamespaceOwners& namespaces() const { return *cache_options_.namespaces; }
+
+  // Adopts the pool a previous daemon left: `segment` is its memfd,
+  // `ledger` its ledger. Keeps the pages of sessions in `live_sessions`
+  // and the cached pages whose records are proven and whose namespace has
+  // an owner (NamespaceOwners); zeroes and frees the rest. The pool is
+  // pinned again in the background (GPU backend), as at Create.
+  // AlreadyExists, budget errors, FailedPrecondition for a segment that
+  // does not match the ledger's geometry.
+  absl::StatusOr<std::shared_ptr<HostPool>> Adopt(
+      std::unique_ptr<PoolLedger> ledger, ScopedFd segment,
+      const absl::flat_hash_set<OwnerTag>& live_sessions, PoolAdoption* report)
       ABSL_LOCKS_EXCLUDED(mu_, create_mu_);
 
   // Returns NotFound if no pool has this name.
@@ -84,6 +120,11 @@ class PoolRegistry {
   // OK if `owner` may add a pool of `bytes`.
   absl::Status CheckQuota(const v1::PoolOwner& owner, uint64_t bytes) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Reserves the page cache's metadata and ledger, charges references and
+  // starts pinning; then the pool is published in pools_.
+  absl::StatusOr<std::shared_ptr<HostPool>> Publish(
+      std::unique_ptr<HostPool> pool, const v1::PoolOwner& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
   // Tells the observer whether pool `name` is serving now.
   void Notify(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_, notify_mu_);
 
@@ -93,6 +134,7 @@ class PoolRegistry {
   GpuBackend* const gpu_;
   const PoolQuota quota_;
   const CacheOptions cache_options_;
+  StateKeeper* keeper_ = nullptr;
 
   absl::Mutex create_mu_;  // serializes creations (which can be slow)
   absl::Mutex notify_mu_;  // serializes observer calls

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/pool/page_ledger.h"
 
 namespace hostkv {
 
@@ -59,6 +60,7 @@ std::vector<PageRun> SlotAllocator::TakeLocked(uint64_t num_pages,
       free_.emplace(first + take, rest);
     }
     std::fill(owner_.begin() + first, owner_.begin() + first + take, owner);
+    Record(first, take, owner);
     Extend(owner, first, first + take - 1);
     runs.push_back({first, take});
     left -= take;
@@ -85,12 +87,19 @@ absl::Status SlotAllocator::Exhausted(uint64_t requested) const {
       free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
 }
 
+void SlotAllocator::Record(uint64_t first, uint64_t count,
+                           OwnerTag owner) const {
+  if (ledger_ != nullptr && count > 0) ledger_->RecordOwner(first, count, owner);
+}
+
 void SlotAllocator::Release(uint64_t first, uint64_t count) {
   if (scrub_ == nullptr) {
+    Record(first, count, kNoOwner);
     InsertFreeExtent(first, count);
     free_pages_ += count;
     return;
   }
+  Record(first, count, kUnscrubbedMark);
   pending_.push_back({first, count});
   scrubbing_pages_ += count;
 }
@@ -115,8 +124,10 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
   mu_.Unlock();
   for (const PageRun& run : runs) scrub_(run);
   mu_.Lock();
-  for (const PageRun& run : runs)
+  for (const PageRun& run : runs) {
+    Record(run.first_page, run.num_pages, kNoOwner);
     InsertFreeExtent(run.first_page, run.num_pages);
+  }
   free_pages_ += pages;
   scrubbing_pages_ -= pages;
   return pages;
@@ -227,6 +238,7 @@ uint64_t SlotAllocator::MoveOwnerLocked(const std::vector<PageRun>& runs,
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
       if (owner_[p] != from) continue;
       owner_[p] = to;
+      Record(p, 1, to);
       ++pages;
     }
     if (to != kCacheOwner) {
@@ -287,6 +299,57 @@ absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
     span_.erase(owner);
   }
   return freed;
+}
+
+absl::Status SlotAllocator::Restore(absl::Span<const OwnerTag> owners) {
+  if (owners.size() != num_pages_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restoring ", owners.size(), " page owners into a pool of ",
+        num_pages_, " pages"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (free_pages_ + scrubbing_pages_ != num_pages_ || scrubbing_pages_ != 0 ||
+      cached_pages_ != 0) {
+    return absl::FailedPreconditionError("restoring a pool already in use");
+  }
+  for (uint64_t p = 0; p < num_pages_; ++p) {
+    if (owners[p] == kTierOwner) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page ", p, " is restored to the storage tier's work"));
+    }
+  }
+  free_.clear();
+  free_pages_ = 0;
+  usage_.clear();
+  span_.clear();
+  for (uint64_t p = 0; p < num_pages_;) {
+    const OwnerTag owner = owners[p];
+    const uint64_t first = p;
+    while (p < num_pages_ && owners[p] == owner) ++p;
+    const uint64_t count = p - first;
+    if (owner == kNoOwner) {
+      InsertFreeExtent(first, count);
+      free_pages_ += count;
+    } else if (owner == kUnscrubbedMark) {
+      std::fill(owner_.begin() + first, owner_.begin() + p, kNoOwner);
+      if (scrub_ == nullptr) {
+        InsertFreeExtent(first, count);
+        free_pages_ += count;
+      } else {
+        pending_.push_back({first, count});
+        scrubbing_pages_ += count;
+      }
+    } else {
+      std::fill(owner_.begin() + first, owner_.begin() + p, owner);
+      if (owner == kCacheOwner) {
+        cached_pages_ += count;
+      } else {
+        usage_[owner] += count;
+        Extend(owner, first, p - 1);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 void SlotAllocator::InsertFreeExtent(uint64_t first, uint64_t count) {

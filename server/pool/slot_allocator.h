@@ -42,6 +42,12 @@ inline constexpr OwnerTag kCacheOwner = UINT32_MAX;
 // holds references on the cached pages it writes to a tier. No session gets
 // this tag either (SessionRegistry skips it).
 inline constexpr OwnerTag kTierOwner = UINT32_MAX - 1;
+// Never an owner: what a PageLedger records for a page freed and not yet
+// zeroed (a daemon adopting the pool zeroes it before handing it out). No
+// session gets this tag either.
+inline constexpr OwnerTag kUnscrubbedMark = UINT32_MAX - 2;
+
+class PageLedger;  // server/pool/page_ledger.h
 
 // Asked by Allocate for up to `needed` pages when free ones are short: takes
 // them from the page cache (PageCache::Evict) and returns their numbers;
@@ -188,6 +194,18 @@ class SlotAllocator {
                                     OwnerTag from, OwnerTag to)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Every change of a page's owner from now on is also written to `ledger`
+  // (may be null). Set before the allocator is shared.
+  void set_ledger(PageLedger* ledger) { ledger_ = ledger; }
+
+  // Replaces the allocator's state by `owners` (one per page: a session's
+  // tag, kCacheOwner, kNoOwner for a free zeroed page, kUnscrubbedMark for
+  // one to zero before reuse), as adopted from a previous daemon's ledger.
+  // InvalidArgument if the size differs or a page is kTierOwner. Nothing may
+  // be allocated, pinned or pending; call before the allocator is shared.
+  absl::Status Restore(absl::Span<const OwnerTag> owners)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   uint64_t num_pages() const { return num_pages_; }
   uint64_t free_pages() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages per session (cached pages are no session's: see cached_pages).
@@ -257,6 +275,9 @@ class SlotAllocator {
 
   const uint64_t num_pages_;
   const ScrubFn scrub_;
+  PageLedger* ledger_ = nullptr;
+  // Writes [first, first + count) -> owner to ledger_, if any.
+  void Record(uint64_t first, uint64_t count, OwnerTag owner) const;
 
   mutable absl::Mutex mu_;
   std::vector<OwnerTag> owner_ ABSL_GUARDED_BY(mu_);      // per page

@@ -107,6 +107,16 @@ absl::Status RequestHandler::EndSession(const SessionId& id,
 }
 
 void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
+  for (OwnerTag tag : sessions_->ExpireAdopted(absl::Now() - lease)) {
+    uint64_t pages = 0;
+    for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+      pages += pool->allocator().FreeAllOwnedBy(tag);
+    }
+    spdlog::info("session {} (adopted from the previous hostkvd) was not "
+                 "resumed within --session_lease: freed its {} pages",
+                 tag, pages);
+    if (metrics_ != nullptr) metrics_->RecordSessionEnd("not_resumed");
+  }
   for (const std::shared_ptr<Session>& session :
        sessions_->IdleSince(absl::Now() - lease)) {
     // A request may have touched it since; Remove only what is still idle.
@@ -115,6 +125,25 @@ void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
       ReleaseSession(*session, "lease_expired");
     }
   }
+}
+
+absl::StatusOr<AttachedSession> RequestHandler::ResumeSession(
+    const SessionId& id, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Resume(id, peer));
+  uint64_t pages = 0;
+  for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+    pages += pool->allocator().pages_owned_by(session->tag());
+  }
+  spdlog::info("session {} resumed after the restart: client='{}' pid={} "
+               "uid={}, {} pages kept",
+               session->tag(), session->client_name(), peer.pid, peer.uid,
+               pages);
+  if (metrics_ != nullptr) metrics_->RecordSessionResumed();
+  absl::StatusOr<AttachedSession> attached = HandOutSignals(session);
+  if (!attached.ok()) EndSession(session->id(), "closed").IgnoreError();
+  return attached;
 }
 
 absl::StatusOr<AttachedSession> RequestHandler::AttachSession(

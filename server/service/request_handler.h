@@ -157,6 +157,10 @@ class RequestHandler {
   // ResourceExhausted at the peer uid's session limit.
   absl::StatusOr<AttachedSession> AttachSession(const SessionId& id,
                                                 const PeerCredentials& peer);
+  // Resumes, for `peer`, the session with secret `id` that a previous
+  // daemon left (SessionRegistry::Resume).
+  absl::StatusOr<AttachedSession> ResumeSession(const SessionId& id,
+                                                const PeerCredentials& peer);
   // Keeps a memfd the peer passed; returns its handle. InvalidArgument if it
   // is not a read-write memfd sealed against shrinking; PermissionDenied if
   // `sender` is not the session's peer; ResourceExhausted at the limit.

@@ -67,6 +67,8 @@ const char* KindName(SessionMessageKind kind) {
       return "kOpen";
     case SessionMessageKind::kAttach:
       return "kAttach";
+    case SessionMessageKind::kResume:
+      return "kResume";
     case SessionMessageKind::kPassFd:
       return "kPassFd";
     case SessionMessageKind::kFetchKvWord:
@@ -360,7 +362,8 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
     Reply(fd, reply, segment.ok() ? segment->fd.get() : -1);
     return true;
   }
-  if (kind != SessionMessageKind::kOpen && kind != SessionMessageKind::kAttach) {
+  if (kind != SessionMessageKind::kOpen && kind != SessionMessageKind::kAttach &&
+      kind != SessionMessageKind::kResume) {
     Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(
                                  absl::StrCat("unknown record kind ", m.kind))));
     return false;
@@ -375,6 +378,10 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
     char name[sizeof(m.client_name) + 1] = {};
     std::memcpy(name, m.client_name, sizeof(m.client_name));
     attached = handler_->OpenAttachedSession(name, sender);
+  } else if (kind == SessionMessageKind::kResume) {
+    attached = handler_->ResumeSession(
+        SessionId(reinterpret_cast<const char*>(m.session_id), kSessionIdBytes),
+        sender);
   } else {
     attached = handler_->AttachSession(
         SessionId(reinterpret_cast<const char*>(m.session_id), kSessionIdBytes),

@@ -91,7 +91,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     do {  // wraps after 2^32 sessions, skipping the reserved tags
       ++next_tag_;
     } while (next_tag_ == kNoOwner || next_tag_ == kCacheOwner ||
-             next_tag_ == kTierOwner);
+             next_tag_ == kTierOwner || next_tag_ == kUnscrubbedMark ||
+             adopted_tags_.contains(next_tag_));
     tag = next_tag_;
   }
   auto uncount = [&] {
@@ -103,6 +104,22 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
       --unattached_;
     }
   };
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      MakeSession(id, tag, client_name, pid, peer);
+  if (!session.ok()) {
+    uncount();
+    return session.status();
+  }
+  Record(**session);
+  absl::MutexLock lock(&mu_);
+  --opening_;
+  sessions_[id] = *session;
+  return *session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::MakeSession(
+    SessionId id, OwnerTag tag, const std::string& client_name, uint32_t pid,
+    const std::optional<PeerCredentials>& peer) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t signal_bytes =
       (uint64_t{signal_records_} * sizeof(OpSignal) + page - 1) / page * page;
@@ -111,7 +128,6 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     if (absl::Status s = budget_->Reserve(
             absl::StrCat("session ", tag, "'s signal records"), signal_bytes);
         !s.ok()) {
-      uncount();
       return s;
     }
     memory = BudgetReservation(budget_, signal_bytes);
@@ -128,19 +144,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
                      absl::BytesToHexString(nonce.substr(0, 8))),
         signal_records_);
   }
-  if (!signals.ok()) {
-    uncount();
-    return signals.status();
-  }
+  if (!signals.ok()) return signals.status();
   auto session = std::make_shared<Session>(
-      id, tag, client_name, pid, std::move(*signals), std::move(memory));
+      std::move(id), tag, client_name, pid, std::move(*signals),
+      std::move(memory));
   if (peer.has_value())
     session->Attach(*peer).IgnoreError();  // fresh: cannot fail
-  absl::MutexLock lock(&mu_);
-  --opening_;
-  sessions_[id] = session;
   return session;
 }
+
 
 absl::Status SessionRegistry::Attach(const SessionId& id,
                                      const PeerCredentials& peer) {
@@ -165,19 +177,31 @@ absl::Status SessionRegistry::Attach(const SessionId& id,
   ++count;
   --unattached_;
   session.Touch();
+  Record(session);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Get(
     const SessionId& id) const {
   RETURN_IF_ERROR(CheckIdFormat(id));
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return Unknown(id);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it != sessions_.end()) {
+      it->second->Touch();
+      return it->second;
+    }
+    const SessionRecord* adopted =
+        adopted_.empty() ? nullptr : FindAdoptedLocked(id);
+    if (adopted == nullptr) return Unknown(id);
+    if (adopted->verified) {
+      return absl::NotFoundError(absl::StrCat(
+          "session ", adopted->tag, " awaits its resume over the session "
+          "socket (hostkvd restarted)"));
+    }
   }
-  it->second->Touch();
-  return it->second;
+  // A session without a session socket resumes with its next call.
+  return const_cast<SessionRegistry*>(this)->Resume(id, std::nullopt);
 }
 
 absl::Status SessionRegistry::Unknown(const SessionId& id) const {
@@ -255,6 +279,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Remove(
   std::shared_ptr<Session> session = std::move(it->second);
   sessions_.erase(it);
   Uncount(*session);
+  if (ledger_ != nullptr) ledger_->EraseSession(session->tag());
   return session;
 }
 

@@ -11,10 +11,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/pool/memory_budget.h"
 #include "server/sessions/session.h"
+#include "server/state/daemon_ledger.h"
 
 namespace hostkv {
 
@@ -91,7 +93,40 @@ class SessionRegistry {
 
   const SessionLimits& limits() const { return limits_; }
 
+  // ---- Restarts (README "Restarts and upgrades") ----
+  // Every session opened, attached or resumed from now on is written to
+  // `ledger` (may be null), and erased from it when it ends. Set before the
+  // registry is shared.
+  void set_ledger(DaemonLedger* ledger) { ledger_ = ledger; }
+  // The sessions a previous daemon left in its ledger: they wait for their
+  // clients to resume them (Resume), and their tags are never given to a
+  // new session. Call before the registry is shared.
+  void Adopt(const std::vector<SessionRecord>& records) ABSL_LOCKS_EXCLUDED(mu_);
+  // Resumes the adopted session whose secret is `id`: the same number (and
+  // so the same pages), a new signal segment, attached to `peer` when given.
+  // NotFound ("did not survive") if no adopted session has this secret;
+  // PermissionDenied if the session was attached and `peer` is not of its
+  // uid (or absent); errors of Open's limits and budget.
+  absl::StatusOr<std::shared_ptr<Session>> Resume(
+      const SessionId& id, std::optional<PeerCredentials> peer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the adopted sessions not resumed since `cutoff` and returns
+  // their tags (the caller frees their pages).
+  std::vector<OwnerTag> ExpireAdopted(absl::Time cutoff) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adopted sessions still waiting for their resume.
+  size_t adopted_waiting() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
+  // A session of `tag` with a new signal segment (reserved from the
+  // budget). The caller counted it.
+  absl::StatusOr<std::shared_ptr<Session>> MakeSession(
+      SessionId id, OwnerTag tag, const std::string& client_name, uint32_t pid,
+      const std::optional<PeerCredentials>& peer);
+  // Writes the session to the ledger, if any.
+  void Record(const Session& session) const;
+  // The adopted session with the secret `id`, or nullptr.
+  const SessionRecord* FindAdoptedLocked(const SessionId& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckIdFormat(const SessionId& id) const;
   // NotFound for `id`, saying why if it ended recently.
   absl::Status Unknown(const SessionId& id) const
@@ -114,7 +149,19 @@ class SessionRegistry {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SessionId, std::string> ended_ ABSL_GUARDED_BY(mu_);
   std::deque<SessionId> ended_order_ ABSL_GUARDED_BY(mu_);
+  DaemonLedger* ledger_ = nullptr;
+  // Adopted sessions waiting for their resume, by the SHA-256 of their
+  // secret, with the time they were adopted.
+  struct Adopted {
+    SessionRecord record;
+    absl::Time since;
+  };
+  absl::flat_hash_map<std::string, Adopted> adopted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<OwnerTag> adopted_tags_ ABSL_GUARDED_BY(mu_);
 };
+
+// The SHA-256 of a session secret: all the daemon ledger keeps of it.
+std::string SecretDigest(const SessionId& id);
 
 // kSessionIdBytes random bytes from the kernel (getrandom).
 SessionId NewSessionId();

@@ -1,0 +1,59 @@
+// The state keeper: a small process beside hostkvd that holds, while no
+// daemon runs, the descriptors that make up the daemon's state (the pools'
+// memfds, their ledgers, the daemon ledger). A memfd lives as long as
+// someone holds it: the keeper is that someone across a crash, a kill -9 or
+// a restart of hostkvd. hostkvd starts one if none answers on
+// "<socket>.state" (or it runs as its own container: hostkvd
+// --state_keeper), deposits each descriptor as it makes it and, when it
+// starts, collects what a previous daemon left.
+#ifndef HOSTKV_SERVER_STATE_STATE_KEEPER_H_
+#define HOSTKV_SERVER_STATE_STATE_KEEPER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/contract/shm_segment.h"
+
+namespace hostkv {
+
+// The daemon's connection to its keeper. Thread-safe.
+class StateKeeper {
+ public:
+  // Connects to the keeper at `path`; with `spawn`, starts one (this
+  // binary, detached, in its own session) if none answers. The keeper exits
+  // once no daemon has been connected for `keep_for`.
+  static absl::StatusOr<std::unique_ptr<StateKeeper>> Connect(
+      const std::string& path, bool spawn, absl::Duration keep_for);
+
+  // Hands the keeper a duplicate of `fd` under `name` (replacing any
+  // descriptor of that name).
+  absl::Status Deposit(const std::string& name, int fd) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Remove(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  // Everything the keeper holds, by name (it keeps holding them).
+  absl::StatusOr<std::map<std::string, ScopedFd>> Collect()
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The keeper closes everything and exits; this connection is then dead.
+  absl::Status Discard() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  explicit StateKeeper(ScopedFd socket) : socket_(std::move(socket)) {}
+  absl::Status Exchange(uint32_t kind, const std::string& name, int fd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  ScopedFd socket_ ABSL_GUARDED_BY(mu_);
+};
+
+// The keeper process's main: serves `path` until a daemon says kDiscard,
+// the socket file is removed or replaced, or no daemon has been connected
+// for `keep_for`. Returns the exit code.
+int RunStateKeeper(const std::string& path, absl::Duration keep_for);
+
+}  // namespace hostkv
+
+#endif  // HOSTKV_SERVER_STATE_STATE_KEEPER_H_
