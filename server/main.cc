@@ -111,6 +111,7 @@ struct Daemon {
   // and sessions that write to them.
   std::unique_ptr<StateKeeper> keeper;
   std::unique_ptr<DaemonLedger> ledger;
+  v1::RestartStats restart;
   std::unique_ptr<PoolRegistry> pools;
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<TransferEngine> transfers;
@@ -169,7 +170,8 @@ absl::Status KeepState(const DaemonOptions& o, Daemon& d) {
   }
   const std::string path = o.socket_path + kStateSocketSuffix;
   ASSIGN_OR_RETURN(d.keeper, StateKeeper::Connect(path, /*spawn=*/true,
-                                                  o.state_keep_for));
+                                                  o.state_keep_for,
+                                                  KeeperLoggingArgs()));
   if (o.discard_state) {
     ASSIGN_OR_RETURN(auto held, d.keeper->Collect());
     RETURN_IF_ERROR(d.keeper->Discard());
@@ -177,7 +179,8 @@ absl::Status KeepState(const DaemonOptions& o, Daemon& d) {
                  "descriptors)", held.size());
     held.clear();
     ASSIGN_OR_RETURN(d.keeper, StateKeeper::Connect(path, /*spawn=*/true,
-                                                    o.state_keep_for));
+                                                    o.state_keep_for,
+                                                    KeeperLoggingArgs()));
   }
   ASSIGN_OR_RETURN(AdoptedState adopted,
                    AdoptState(*d.keeper, o.sessions.max_sessions, *d.pools,
@@ -186,6 +189,15 @@ absl::Status KeepState(const DaemonOptions& o, Daemon& d) {
   if (adopted.adopted && d.metrics != nullptr) {
     d.metrics->RecordAdoption(adopted.counts);
   }
+  d.restart.set_state_kept(true);
+  d.restart.set_generation(adopted.generation);
+  d.restart.set_adopted(adopted.adopted);
+  d.restart.set_sessions_adopted(static_cast<uint32_t>(adopted.counts.sessions));
+  d.restart.set_pages_adopted(adopted.counts.pages_owned);
+  d.restart.set_cached_pages_adopted(adopted.counts.pages_cached);
+  d.restart.set_pages_dropped(adopted.counts.pages_dropped);
+  d.restart.set_keys_dropped(adopted.counts.keys_dropped);
+  d.restart.set_adopt_seconds(absl::ToDoubleSeconds(adopted.duration));
   return absl::OkStatus();
 }
 
@@ -209,6 +221,7 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   d.handler = std::make_unique<RequestHandler>(
       o.limits, d.budget.get(), d.pools.get(), d.sessions.get(),
       d.transfers.get(), d.metrics.get(), d.gpu.get());
+  d.handler->set_restart_stats(d.restart);
   if (!o.tier.url.empty()) {
     absl::StatusOr<std::unique_ptr<CacheTier>> tier = CacheTier::Open(o.tier);
     if (!tier.ok()) {
@@ -430,6 +443,10 @@ int main(int argc, char** argv) {
   std::vector<char*> arg_ptrs;
   for (std::string& a : *args) arg_ptrs.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (absl::Status s = hostkv::SetUpLoggingFromFlags(); !s.ok()) {
+    std::fprintf(stderr, "hostkvd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (const std::string keeper = hostkv::StateKeeperFlag(); !keeper.empty()) {
     return hostkv::RunStateKeeper(keeper, hostkv::StateKeepForFlag());
   }
@@ -438,9 +455,5 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  if (absl::Status s = hostkv::SetUpLoggingFromFlags(); !s.ok()) {
-    std::fprintf(stderr, "hostkvd: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
   return hostkv::Run();
 }

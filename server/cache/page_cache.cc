@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
 #include "server/cache/page_cache_entry.h"
+#include "server/operations/crash_point.h"
 
 namespace hostkv {
 
@@ -263,6 +264,7 @@ PublishResult PageCache::PublishOneLocked(uint16_t ns, const PublishItem& item,
     ledger_->RecordCached(page, namespaces_[ns].name, item.key,
                           parent == kNone ? CacheLedger::kNoParent : parent,
                           e.last_use);
+    CrashPoint("publish_item");
   }
   Count(ns, &CacheCounters::cached, 1);
   Count(ns, &CacheCounters::evictable, 1);
@@ -412,7 +414,10 @@ void PageCache::EvictColdestLocked(size_t hash) {
   Unlink(page);
   keys_.erase(keys_.find(KeyRef{e.ns, e.Key(), hash}));
   e.key_size = 0;
-  if (ledger_ != nullptr) ledger_->RecordEvicted(page);
+  if (ledger_ != nullptr) {
+    ledger_->RecordEvicted(page);
+    CrashPoint("evict");
+  }
   Count(e.ns, &CacheCounters::cached, -1);
   Count(e.ns, &CacheCounters::evictable, -1);
   Count(e.ns, &CacheCounters::evictions, 1);

@@ -456,6 +456,11 @@ const std::vector<std::string>& DaemonFlagNames() {
   return *names;
 }
 
+std::vector<std::string> KeeperLoggingArgs() {
+  return {"--log_level=" + absl::GetFlag(FLAGS_log_level),
+          "--log_format=" + absl::GetFlag(FLAGS_log_format)};
+}
+
 std::string StateKeeperFlag() { return absl::GetFlag(FLAGS_state_keeper); }
 absl::Duration StateKeepForFlag() { return absl::GetFlag(FLAGS_state_keep_for); }
 

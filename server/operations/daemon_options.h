@@ -64,6 +64,8 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions();
 // --state_keeper (the path to keep state on; empty: run as the daemon) and
 // --state_keep_for, read before anything else.
 std::string StateKeeperFlag();
+// The logging flags, for the state keeper this daemon starts.
+std::vector<std::string> KeeperLoggingArgs();
 absl::Duration StateKeepForFlag();
 
 // Sets up logging from --log_level and --log_format.

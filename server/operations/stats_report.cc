@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "server/state/pool_ledger.h"
 
 namespace hostkv {
 
@@ -39,6 +40,9 @@ void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
     }
   }
   stats->set_cache_reserved_bytes(pool.cache().MaxMemoryBytes());
+  if (pool.ledger() != nullptr) {
+    stats->set_ledger_reserved_bytes(PoolLedger::BytesFor(pool.geometry().num_pages()));
+  }
 }
 
 void FillPoolStats(const HostPool& pool,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/pool/page_ledger.h"
+#include "server/operations/crash_point.h"
 
 namespace hostkv {
 
@@ -123,6 +124,7 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
   // they are zeroed without the lock.
   mu_.Unlock();
   for (const PageRun& run : runs) scrub_(run);
+  if (ledger_ != nullptr) CrashPoint("scrub");
   mu_.Lock();
   for (const PageRun& run : runs) {
     Record(run.first_page, run.num_pages, kNoOwner);

@@ -15,6 +15,7 @@
 #include "server/service/request_handler.h"
 #include "server/service/request_validation.h"
 #include "spdlog/spdlog.h"
+#include "server/operations/crash_point.h"
 
 namespace hostkv {
 namespace {
@@ -140,6 +141,7 @@ absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
   RETURN_IF_ERROR(pool.allocator()
                       .Cache(runs, tag, absl::Now() + limits_.cache_publish_wait)
                       .status());
+  CrashPoint("publish");
   std::vector<PublishItem> items;
   items.reserve(request.items_size());
   for (const v1::CacheItem& item : request.items()) {

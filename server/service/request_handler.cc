@@ -94,9 +94,24 @@ absl::StatusOr<v1::RenewSessionResponse> RequestHandler::RenewSession(
 
 absl::StatusOr<v1::CloseSessionResponse> RequestHandler::CloseSession(
     const v1::CloseSessionRequest& request) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                   sessions_->Remove(request.session_id()));
-  return ReleaseSession(*session, "closed");
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Remove(request.session_id());
+  if (!session.ok()) {
+    // One the previous daemon left, closed before its resume: whoever
+    // knows its secret may.
+    std::optional<OwnerTag> adopted = sessions_->DropAdopted(request.session_id());
+    if (!adopted.has_value()) return session.status();
+    v1::CloseSessionResponse response;
+    uint64_t pages = 0;
+    for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+      pages += pool->allocator().FreeAllOwnedBy(*adopted);
+    }
+    response.set_pages_freed(pages);
+    spdlog::info("session {} (adopted, not resumed) closed: freed {} pages",
+                 *adopted, pages);
+    return response;
+  }
+  return ReleaseSession(**session, "closed");
 }
 
 absl::Status RequestHandler::EndSession(const SessionId& id,
@@ -141,6 +156,7 @@ absl::StatusOr<AttachedSession> RequestHandler::ResumeSession(
                session->tag(), session->client_name(), peer.pid, peer.uid,
                pages);
   if (metrics_ != nullptr) metrics_->RecordSessionResumed();
+  sessions_resumed_.fetch_add(1);
   absl::StatusOr<AttachedSession> attached = HandOutSignals(session);
   if (!attached.ok()) EndSession(session->id(), "closed").IgnoreError();
   return attached;
@@ -436,6 +452,10 @@ absl::StatusOr<v1::GetPoolStatsResponse> RequestHandler::GetPoolStats(
   response.set_memory_reserved_bytes(budget_->reserved_bytes());
   response.set_open_sessions(static_cast<uint32_t>(sessions.size()));
   if (tier_ != nullptr) FillTierStats(*tier_, response.mutable_tier());
+  *response.mutable_restart() = restart_;
+  response.mutable_restart()->set_sessions_waiting(
+      static_cast<uint32_t>(sessions_->adopted_waiting()));
+  response.mutable_restart()->set_sessions_resumed(sessions_resumed_.load());
   return response;
 }
 

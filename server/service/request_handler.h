@@ -141,6 +141,9 @@ class RequestHandler {
   // The storage tier under every pool's page cache (null: none). Set once,
   // before requests are served; it must outlive the requests.
   void set_tier(CacheTier* tier) { tier_ = tier; }
+  // What this daemon adopted at start (GetPoolStats' restart). Set once,
+  // before requests are served.
+  void set_restart_stats(v1::RestartStats stats) { restart_ = std::move(stats); }
 
   // From now on, requests that would change state fail with Unavailable.
   // Refuses new work, and lets every backup waiting for an engine's "KV
@@ -267,6 +270,8 @@ class RequestHandler {
   DaemonMetrics* const metrics_;
   GpuBackend* const gpu_;
   CacheTier* tier_ = nullptr;
+  v1::RestartStats restart_;
+  std::atomic<uint64_t> sessions_resumed_{0};
   std::atomic<bool> shutting_down_{false};
 };
 

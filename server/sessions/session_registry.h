@@ -113,6 +113,9 @@ class SessionRegistry {
   // Removes the adopted sessions not resumed since `cutoff` and returns
   // their tags (the caller frees their pages).
   std::vector<OwnerTag> ExpireAdopted(absl::Time cutoff) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the adopted session whose secret is `id`; its tag (the caller
+  // frees its pages), or nullopt if there is none.
+  std::optional<OwnerTag> DropAdopted(const SessionId& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Adopted sessions still waiting for their resume.
   size_t adopted_waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 

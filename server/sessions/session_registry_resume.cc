@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
 #include "server/sessions/session_registry.h"
 #include "spdlog/spdlog.h"
@@ -134,6 +135,18 @@ std::vector<OwnerTag> SessionRegistry::ExpireAdopted(absl::Time cutoff) {
     adopted_.erase(it++);
   }
   return tags;
+}
+
+std::optional<OwnerTag> SessionRegistry::DropAdopted(const SessionId& id) {
+  if (id.size() != kSessionIdBytes) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = adopted_.find(SecretDigest(id));
+  if (it == adopted_.end()) return std::nullopt;
+  const OwnerTag tag = it->second.record.tag;
+  adopted_tags_.erase(tag);
+  if (ledger_ != nullptr) ledger_->EraseSession(tag);
+  adopted_.erase(it);
+  return tag;
 }
 
 size_t SessionRegistry::adopted_waiting() const {

@@ -108,6 +108,7 @@ absl::StatusOr<AdoptedState> AdoptState(StateKeeper& keeper,
   RETURN_IF_ERROR(keeper.Deposit(kDaemonLedgerName, ledger->fd()));
   state.counts.sessions = previous.sessions.size();
   state.generation = generation;
+  state.duration = absl::Now() - start;
   if (state.adopted) {
     spdlog::info(
         "adopted the state of the previous hostkvd (restart {}) in {}: {} "

@@ -20,6 +20,7 @@ struct AdoptedState {
   DaemonMetrics::Adoption counts;
   uint64_t generation = 0;  // restarts adopted so far, this one included
   bool adopted = false;     // a previous daemon's state was found
+  absl::Duration duration;  // collecting, checking and adopting it
 };
 
 // Collects the keeper's descriptors; adopts the sessions, namespace owners

@@ -43,10 +43,15 @@ absl::StatusOr<ScopedFd> ConnectTo(const std::string& path) {
 
 // Starts the keeper: this binary, in a grandchild in its own session, so
 // that it outlives this process and is nobody's zombie.
-absl::Status Spawn(const std::string& path, absl::Duration keep_for) {
-  const std::string keeper_flag = "--state_keeper=" + path;
-  const std::string keep_flag = absl::StrCat(
-      "--state_keep_for=", absl::ToInt64Seconds(keep_for), "s");
+absl::Status Spawn(const std::string& path, absl::Duration keep_for,
+                   const std::vector<std::string>& args) {
+  std::vector<std::string> strings = {
+      "hostkvd", "--state_keeper=" + path,
+      absl::StrCat("--state_keep_for=", absl::ToInt64Seconds(keep_for), "s")};
+  strings.insert(strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
   const pid_t child = fork();
   if (child < 0) return Errno(errno, "fork (state keeper)");
   if (child == 0) {
@@ -59,10 +64,7 @@ absl::Status Spawn(const std::string& path, absl::Duration keep_for) {
       dup2(null, 0);
       close(null);
     }
-    char* const argv[] = {const_cast<char*>("hostkvd"),
-                          const_cast<char*>(keeper_flag.c_str()),
-                          const_cast<char*>(keep_flag.c_str()), nullptr};
-    execv("/proc/self/exe", argv);
+    execv("/proc/self/exe", argv.data());
     _exit(127);
   }
   int status = 0;
@@ -74,12 +76,13 @@ absl::Status Spawn(const std::string& path, absl::Duration keep_for) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateKeeper>> StateKeeper::Connect(
-    const std::string& path, bool spawn, absl::Duration keep_for) {
+    const std::string& path, bool spawn, absl::Duration keep_for,
+    const std::vector<std::string>& args) {
   absl::StatusOr<ScopedFd> fd = ConnectTo(path);
   if (!fd.ok() && spawn) {
     // A socket file no keeper answers on is a dead keeper's.
     unlink(path.c_str());
-    if (absl::Status s = Spawn(path, keep_for); !s.ok()) return s;
+    if (absl::Status s = Spawn(path, keep_for, args); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     do {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -27,8 +28,10 @@ class StateKeeper {
   // Connects to the keeper at `path`; with `spawn`, starts one (this
   // binary, detached, in its own session) if none answers. The keeper exits
   // once no daemon has been connected for `keep_for`.
+  // `args` are passed to the keeper (logging flags).
   static absl::StatusOr<std::unique_ptr<StateKeeper>> Connect(
-      const std::string& path, bool spawn, absl::Duration keep_for);
+      const std::string& path, bool spawn, absl::Duration keep_for,
+      const std::vector<std::string>& args = {});
 
   // Hands the keeper a duplicate of `fd` under `name` (replacing any
   // descriptor of that name).

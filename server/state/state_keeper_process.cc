@@ -16,14 +16,17 @@
 #include "proto/contract/session_socket.h"
 #include "server/state/keeper_protocol.h"
 #include "server/state/state_keeper.h"
+#include "spdlog/spdlog.h"
 
 namespace hostkv {
 namespace {
 
+// One log line (spdlog, as the daemon logs), `fmt` with one %s.
 void Say(const char* fmt, const std::string& arg) {
-  std::fprintf(stderr, "hostkvd state keeper [%d]: ", getpid());
-  std::fprintf(stderr, fmt, arg.c_str());
-  std::fputc('\n', stderr);
+  std::string text(fmt);
+  const size_t at = text.find("%s");
+  if (at != std::string::npos) text.replace(at, 2, arg);
+  spdlog::info("state keeper (pid {}): {}", getpid(), text);
 }
 
 bool SendReply(int fd, KeeperKind kind, const std::string& name = "",

@@ -117,13 +117,15 @@ TEST(OperationsTest, MetricsCountWhatWasDone) {
   EXPECT_EQ(1, m["hostkv_sessions"]);
   EXPECT_EQ(1, m["hostkv_sessions_attached"]);
   EXPECT_EQ(0, m["hostkv_operations_in_flight"]);
-  // The pool, its page cache's metadata and the session's signal records
+  // The pool, its page cache's metadata, its ledger and the session's signal records
   // (256 x 64 bytes).
   auto stats = client->GetPoolStats("p");
   ASSERT_OK(stats);
   ASSERT_EQ(1, stats->pools_size());
   EXPECT_LT(0u, stats->pools(0).cache_reserved_bytes());
-  EXPECT_EQ(pool->total_bytes() + stats->pools(0).cache_reserved_bytes() + 256 * 64,
+  EXPECT_LT(0u, stats->pools(0).ledger_reserved_bytes());  // --keep_state
+  EXPECT_EQ(pool->total_bytes() + stats->pools(0).cache_reserved_bytes() +
+                stats->pools(0).ledger_reserved_bytes() + 256 * 64,
             m["hostkv_memory_reserved_bytes"]);
   ASSERT_OK(client->Close());
   m = Scrape(port);
