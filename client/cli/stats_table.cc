@@ -140,6 +140,16 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
     }
   }
   if (stats.has_tier()) AppendTierStats(stats.tier(), &out);
+  if (stats.restart().adopted()) {
+    const v1::RestartStats& r = stats.restart();
+    absl::StrAppendFormat(
+        &out,
+        "restart %d adopted in %.3f s: %d sessions (%d resumed, %d waiting), "
+        "%d pages of sessions, %d cached pages; dropped %d pages, %d keys\n",
+        r.generation(), r.adopt_seconds(), r.sessions_adopted(),
+        r.sessions_resumed(), r.sessions_waiting(), r.pages_adopted(),
+        r.cached_pages_adopted(), r.pages_dropped(), r.keys_dropped());
+  }
   absl::StrAppendFormat(
       &out, "sessions open: %d   memory reserved: %s%s\n",
       stats.open_sessions(), Bytes(stats.memory_reserved_bytes()),
