@@ -4,10 +4,14 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -215,13 +219,11 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
       d.gpu.get(), o.quota, o.cache);
   d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records,
                                                  o.sessions, d.budget.get());
-  RETURN_IF_ERROR(KeepState(o, d));
   d.transfers = std::make_unique<TransferEngine>(o.copy_threads, d.metrics.get(),
                                                  d.gpu.get());
   d.handler = std::make_unique<RequestHandler>(
       o.limits, d.budget.get(), d.pools.get(), d.sessions.get(),
       d.transfers.get(), d.metrics.get(), d.gpu.get());
-  d.handler->set_restart_stats(d.restart);
   if (!o.tier.url.empty()) {
     absl::StatusOr<std::unique_ptr<CacheTier>> tier = CacheTier::Open(o.tier);
     if (!tier.ok()) {
@@ -232,11 +234,21 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
     d.tier = *std::move(tier);
     d.handler->set_tier(d.tier.get());
   }
+  return absl::OkStatus();
+}
+
+// The previous daemon's state, then the --config pools; then requests are
+// let in.
+absl::Status AdoptAndConfigure(const DaemonOptions& o, Daemon& d) {
+  RETURN_IF_ERROR(KeepState(o, d));
+  d.handler->set_restart_stats(d.restart);
   const gid_t config_gid =
       o.socket_gid != static_cast<gid_t>(-1) ? o.socket_gid : getegid();
-  return CreateConfiguredPools(
+  RETURN_IF_ERROR(CreateConfiguredPools(
       o.config_path,
-      DaemonOwner(geteuid(), config_gid, o.config_pool_access), *d.pools);
+      DaemonOwner(geteuid(), config_gid, o.config_pool_access), *d.pools));
+  d.handler->Open();
+  return absl::OkStatus();
 }
 
 absl::Status StartMetrics(const DaemonOptions& o, Daemon& d) {
@@ -311,6 +323,74 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   return absl::OkStatus();
 }
 
+// The pid of the daemon serving `socket_path` (the peer of a connection to
+// its session socket), or an error saying there is none to take over.
+absl::StatusOr<pid_t> ServingDaemonPid(const std::string& socket_path) {
+  const std::string path = socket_path + kSessionSocketSuffix;
+  ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (fd.get() < 0 ||
+      connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 ||
+      peer.pid <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--takeover: no hostkvd answers on ", path, " (", std::strerror(errno),
+        "); start without --takeover"));
+  }
+  return peer.pid;
+}
+
+// --takeover: listens beside the running daemon, asks it to drain and exit,
+// waits for its instance lock, moves its own sockets into place, adopts the
+// state. Requests that arrive meanwhile wait (RequestHandler::AwaitOpen).
+absl::Status TakeOver(const DaemonOptions& o, Daemon& d,
+                      absl::StatusOr<InstanceLock>* lock) {
+  ASSIGN_OR_RETURN(const pid_t old, ServingDaemonPid(o.socket_path));
+  DaemonOptions next = o;
+  next.socket_path = o.socket_path + ".next";
+  next.listen = "unix:" + next.socket_path;
+  RETURN_IF_ERROR(StartServer(next, d));
+  const absl::Time start = absl::Now();
+  spdlog::info("--takeover: listening beside hostkvd pid {}; asking it to "
+               "drain and exit", old);
+  if (kill(old, SIGTERM) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--takeover: cannot signal hostkvd pid ", old, ": ", std::strerror(errno)));
+  }
+  bool killed = false;
+  while (!(*lock = InstanceLock::Acquire(o.socket_path)).ok()) {
+    if (!killed && absl::Now() - start > absl::Seconds(60)) {
+      spdlog::warn("--takeover: hostkvd pid {} did not exit within 60 s of "
+                   "SIGTERM: killing it", old);
+      kill(old, SIGKILL);
+      killed = true;
+    }
+    if (absl::Now() - start > absl::Seconds(75)) return lock->status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (const char* suffix : {"", kSessionSocketSuffix}) {
+    const std::string from = next.socket_path + suffix;
+    const std::string to = o.socket_path + suffix;
+    if (rename(from.c_str(), to.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("--takeover: rename ", from,
+                                              " -> ", to, ": ",
+                                              std::strerror(errno)));
+    }
+  }
+  const absl::Time gone = absl::Now();
+  RemoveStaleSegments(SegmentPrefix(o.socket_path));
+  RETURN_IF_ERROR(AdoptAndConfigure(o, d));
+  spdlog::info("--takeover: took over from pid {}: it drained and exited in "
+               "{}, its state adopted in {}", old,
+               absl::FormatDuration(gone - start),
+               absl::FormatDuration(absl::Now() - gone));
+  return absl::OkStatus();
+}
+
 // Health: "" and "hostkv.v1.HostKV" for the daemon, "hostkv.pool.<name>"
 // for each pool (SERVING once it is ready to use), "hostkv.tier" for the
 // storage tier (NOT_SERVING while it does not answer; the daemon itself
@@ -360,7 +440,11 @@ void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
     }
     d.tier->Stop();
   }
-  if (!o.socket_path.empty()) unlink(o.socket_path.c_str());
+  if (!o.socket_path.empty()) {
+    unlink(o.socket_path.c_str());
+    // After a --takeover the session socket was moved here from beside it.
+    unlink((o.socket_path + kSessionSocketSuffix).c_str());
+  }
 }
 
 int Fail(int code, const absl::Status& status) {
@@ -401,16 +485,22 @@ int Run() {
                  o.socket_mode);
   }
   absl::StatusOr<InstanceLock> lock = absl::UnknownError("");
-  if (!o.socket_path.empty()) {
-    lock = InstanceLock::Acquire(o.socket_path);
-    if (!lock.ok()) return Fail(1, lock.status());
-  }
-  if (int stale = RemoveStaleSegments(SegmentPrefix(o.socket_path)); stale > 0) {
-    spdlog::info("removed {} shared-memory segments left by dead daemons", stale);
-  }
   Daemon d;
-  if (absl::Status s = BuildState(o, d); !s.ok()) return Fail(1, s);
-  if (absl::Status s = StartServer(o, d); !s.ok()) return Fail(1, s);
+  if (o.takeover) {
+    if (absl::Status s = BuildState(o, d); !s.ok()) return Fail(1, s);
+    if (absl::Status s = TakeOver(o, d, &lock); !s.ok()) return Fail(1, s);
+  } else {
+    if (!o.socket_path.empty()) {
+      lock = InstanceLock::Acquire(o.socket_path);
+      if (!lock.ok()) return Fail(1, lock.status());
+    }
+    if (int stale = RemoveStaleSegments(SegmentPrefix(o.socket_path)); stale > 0) {
+      spdlog::info("removed {} shared-memory segments left by dead daemons", stale);
+    }
+    if (absl::Status s = BuildState(o, d); !s.ok()) return Fail(1, s);
+    if (absl::Status s = AdoptAndConfigure(o, d); !s.ok()) return Fail(1, s);
+    if (absl::Status s = StartServer(o, d); !s.ok()) return Fail(1, s);
+  }
   if (absl::Status s = StartMetrics(o, d); !s.ok()) return Fail(1, s);
   PublishHealth(d);
   spdlog::info("hostkvd {} listening on {} (backend {}, {} copy threads, "

@@ -78,6 +78,10 @@ ABSL_FLAG(bool, keep_state, true,
 ABSL_FLAG(bool, discard_state, false,
           "at start, drop what a previous hostkvd left (its pools, pages, "
           "sessions and cached keys) instead of adopting it");
+ABSL_FLAG(bool, takeover, false,
+          "take over from the hostkvd serving the same socket (an upgrade): "
+          "listen beside it, ask it to drain and exit (SIGTERM), then adopt "
+          "its state and serve; calls meanwhile wait");
 ABSL_FLAG(absl::Duration, state_keep_for, absl::Minutes(10),
           "how long the state keeper keeps the state while no hostkvd runs");
 ABSL_FLAG(std::string, state_keeper, "",
@@ -180,6 +184,7 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "metrics_token_file",
                                              "metrics_namespace_names",
                                              "keep_state",
+                                             "takeover",
                                              "discard_state",
                                              "state_keep_for",
                                              "copy_threads",
@@ -438,6 +443,12 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
   o.metrics_namespace_names = absl::GetFlag(FLAGS_metrics_namespace_names);
   o.keep_state = absl::GetFlag(FLAGS_keep_state);
   o.discard_state = absl::GetFlag(FLAGS_discard_state);
+  o.takeover = absl::GetFlag(FLAGS_takeover);
+  if (o.takeover && (o.socket_path.empty() || !o.keep_state || o.discard_state)) {
+    return absl::InvalidArgumentError(
+        "--takeover needs a unix: --listen socket and --keep_state, without "
+        "--discard_state: it adopts the state of the daemon it replaces");
+  }
   o.state_keep_for = absl::GetFlag(FLAGS_state_keep_for);
   if (o.state_keep_for < absl::Seconds(1)) {
     return absl::InvalidArgumentError(

@@ -51,6 +51,7 @@ struct DaemonOptions {
   // Restarts (README "Restarts and upgrades").
   bool keep_state = true;      // --keep_state
   bool discard_state = false;  // --discard_state
+  bool takeover = false;       // --takeover
   absl::Duration state_keep_for = absl::Minutes(10);
 };
 

@@ -56,6 +56,9 @@ absl::StatusOr<Response> Dispatch(
     if (grpc::Status auth = authorizer_.Check(*context); !auth.ok()) {     \
       return auth;                                                         \
     }                                                                      \
+    if (absl::Status open = handler_->AwaitOpen(); !open.ok()) {           \
+      return ToGrpcStatus(open);                                           \
+    }                                                                      \
     return Respond(#Method, context, metrics_,                             \
                    Dispatch(handler_, context, *request,                   \
                             &RequestHandler::Method),                      \

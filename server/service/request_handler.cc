@@ -36,6 +36,15 @@ void RequestHandler::BeginShutdown() {
   }
 }
 
+absl::Status RequestHandler::AwaitOpen() const {
+  if (open_.HasBeenNotified() ||
+      open_.WaitForNotificationWithTimeout(absl::Minutes(1))) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      "hostkvd is still taking over from the daemon before it");
+}
+
 absl::Status RequestHandler::CheckServing() const {
   if (shutting_down_.load()) {
     return absl::UnavailableError("hostkvd is shutting down");
@@ -70,6 +79,7 @@ absl::StatusOr<AttachedSession> RequestHandler::HandOutSignals(
 
 absl::StatusOr<AttachedSession> RequestHandler::OpenAttachedSession(
     const std::string& client_name, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(AwaitOpen());
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Open(client_name, peer.pid, peer));
@@ -144,6 +154,7 @@ void RequestHandler::ExpireIdleSessions(absl::Duration lease) {
 
 absl::StatusOr<AttachedSession> RequestHandler::ResumeSession(
     const SessionId& id, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(AwaitOpen());
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Resume(id, peer));
@@ -164,6 +175,7 @@ absl::StatusOr<AttachedSession> RequestHandler::ResumeSession(
 
 absl::StatusOr<AttachedSession> RequestHandler::AttachSession(
     const SessionId& id, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(AwaitOpen());
   RETURN_IF_ERROR(sessions_->Attach(id, peer));
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_->Get(id));
   spdlog::info("session {} attached: pid={} uid={} gid={}", session->tag(),

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/copy_plan.h"
 #include "server/operations/daemon_metrics.h"
@@ -145,6 +146,12 @@ class RequestHandler {
   // before requests are served.
   void set_restart_stats(v1::RestartStats stats) { restart_ = std::move(stats); }
 
+  // Until Open(), every request waits (up to a minute, then Unavailable):
+  // a daemon taking over from another serves once it has adopted its state.
+  // A daemon that is not taking over opens before it listens.
+  void Open() { open_.Notify(); }
+  absl::Status AwaitOpen() const;
+
   // From now on, requests that would change state fail with Unavailable.
   // Refuses new work, and lets every backup waiting for an engine's "KV
   // written" proceed so that draining the copies cannot hang.
@@ -273,6 +280,7 @@ class RequestHandler {
   v1::RestartStats restart_;
   std::atomic<uint64_t> sessions_resumed_{0};
   std::atomic<bool> shutting_down_{false};
+  absl::Notification open_;
 };
 
 }  // namespace hostkv
