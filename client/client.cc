@@ -30,11 +30,9 @@
 
 namespace hostkv {
 
-namespace {
-
 // One request/reply exchange on the session socket; `reply_fd` receives a
 // descriptor the daemon passed back, if any.
-absl::StatusOr<SessionReply> Exchange(int socket, const SessionMessage& message,
+absl::StatusOr<SessionReply> SessionExchange(int socket, const SessionMessage& message,
                                       int pass_fd, ScopedFd* reply_fd) {
   // A refused connection has its reply waiting already, so read even if
   // the send failed.
@@ -71,10 +69,6 @@ absl::StatusOr<ScopedFd> ConnectSessionSocket(const std::string& socket_path) {
   }
   return fd;
 }
-
-
-
-}  // namespace
 
 void FillRuns(const std::vector<PageRange>& pages,
               google::protobuf::RepeatedPtrField<v1::PageRun>* out) {
@@ -140,9 +134,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   }
   auto impl = std::make_unique<Impl>();
   impl->auth_token = options.auth_token;
+  impl->reconnect_timeout = options.reconnect_timeout;
+  if (unix_socket) {
+    impl->socket_path = target.substr(5);
+    impl->client_name = client_name;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
+  // A restarted daemon is found within ~0.5 s, not gRPC's default backoff
+  // of up to 2 minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   impl->channel = grpc::CreateCustomChannel(
       target, grpc::InsecureChannelCredentials(), args);
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() +
@@ -200,7 +204,7 @@ absl::Status Client::Impl::OpenOverSessionSocket(const std::string& socket_path,
       NewSessionMessage(SessionMessageKind::kOpen, client_name);
   ScopedFd signal_fd;
   ASSIGN_OR_RETURN(SessionReply reply,
-                   Exchange(fd.get(), message, -1, &signal_fd));
+                   SessionExchange(fd.get(), message, -1, &signal_fd));
   if (signal_fd.get() < 0) {
     return absl::InternalError("the daemon sent no signal segment");
   }
@@ -220,15 +224,22 @@ absl::Status Client::Impl::OpenOverSessionSocket(const std::string& socket_path,
 }
 
 absl::StatusOr<uint64_t> Client::PassDescriptor(int fd) {
-  absl::MutexLock lock(&impl_->socket_mu);
-  if (impl_->session_socket.get() < 0) {
-    return absl::FailedPreconditionError(
-        "descriptors travel over the session socket: connect to a unix: target");
+  uint64_t handle = 0;
+  {
+    absl::MutexLock lock(&impl_->socket_mu);
+    if (impl_->session_socket.get() < 0) {
+      return absl::FailedPreconditionError(
+          "descriptors travel over the session socket: connect to a unix: target");
+    }
+    ASSIGN_OR_RETURN(SessionReply reply,
+                     SessionExchange(impl_->session_socket.get(),
+                                     NewSessionMessage(SessionMessageKind::kPassFd),
+                                     fd, nullptr));
+    handle = reply.value;
   }
-  ASSIGN_OR_RETURN(SessionReply reply,
-                   Exchange(impl_->session_socket.get(),
-                            NewSessionMessage(SessionMessageKind::kPassFd), fd, nullptr));
-  return reply.value;
+  // Lock order: resume_mu before socket_mu (Resume).
+  impl_->KeepPassedFd(handle, fd);
+  return handle;
 }
 
 absl::StatusOr<int> Client::FetchKvWord(uint64_t import_id) {
@@ -242,7 +253,7 @@ absl::StatusOr<int> Client::FetchKvWord(uint64_t import_id) {
   message.import_id = import_id;
   ScopedFd page;
   RETURN_IF_ERROR(
-      Exchange(impl_->session_socket.get(), message, -1, &page).status());
+      SessionExchange(impl_->session_socket.get(), message, -1, &page).status());
   if (page.get() < 0) {
     return absl::InternalError("the daemon's reply carried no descriptor");
   }
@@ -264,7 +275,7 @@ absl::StatusOr<Client::PoolSegment> Client::FetchPoolSegment(
   }
   ScopedFd fd;
   ASSIGN_OR_RETURN(SessionReply reply,
-                   Exchange(impl_->session_socket.get(), message, -1, &fd));
+                   SessionExchange(impl_->session_socket.get(), message, -1, &fd));
   if (fd.get() < 0) {
     return absl::InternalError("the daemon's reply carried no descriptor");
   }
@@ -400,6 +411,7 @@ absl::StatusOr<uint64_t> Client::RegisterDeviceBuffers(
                    (impl_->Call<v1::RegisterDeviceBuffersRequest,
                                 v1::RegisterDeviceBuffersResponse>(
                        &v1::HostKV::Stub::RegisterDeviceBuffers, request)));
+  impl_->KeepImport(response.import_id(), std::move(request));
   return response.import_id();
 }
 
@@ -407,10 +419,13 @@ absl::Status Client::UnregisterDeviceBuffers(uint64_t import_id) {
   v1::UnregisterDeviceBuffersRequest request;
   request.set_session_id(impl_->session_id);
   request.set_import_id(import_id);
-  return impl_->Call<v1::UnregisterDeviceBuffersRequest,
-                     v1::UnregisterDeviceBuffersResponse>(
-                 &v1::HostKV::Stub::UnregisterDeviceBuffers, request)
-      .status();
+  absl::Status status =
+      impl_->Call<v1::UnregisterDeviceBuffersRequest,
+                  v1::UnregisterDeviceBuffersResponse>(
+          &v1::HostKV::Stub::UnregisterDeviceBuffers, request)
+          .status();
+  if (status.ok()) impl_->ForgetImport(import_id);
+  return status;
 }
 
 absl::StatusOr<std::vector<PageRange>> Client::Alloc(const std::string& pool,
@@ -492,6 +507,7 @@ absl::StatusOr<Operation> Client::Transfer(
   op.num_tokens = response.num_tokens();
   op.bytes = response.bytes();
   op.signal_value = response.signal_value();
+  op.generation = impl_->generation.load();
   return op;
 }
 
@@ -517,8 +533,19 @@ absl::Status Client::WaitLayer(const Operation& op, uint32_t layer,
         "operation ", op.op_id, " covers layers [", op.layer_begin, ", ",
         op.layer_begin + op.num_layers, "), not ", layer));
   }
+  const uint8_t* records;
+  {
+    // A resume replaces the records (the old ones stay mapped).
+    absl::MutexLock lock(&impl_->resume_mu);
+    if (op.generation != impl_->generation.load()) {
+      return absl::AbortedError(absl::StrCat(
+          "hostkvd restarted while operation ", op.op_id, " was in flight: "
+          "submit it again (loads and backups may be repeated)"));
+    }
+    records = impl_->signals.data();
+  }
   const OpSignal& signal =
-      reinterpret_cast<const OpSignal*>(impl_->signals.data())[op.signal_index];
+      reinterpret_cast<const OpSignal*>(records)[op.signal_index];
   return WaitForLayers(signal, op.op_id, layer - op.layer_begin + 1, timeout);
 }
 

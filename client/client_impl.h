@@ -6,7 +6,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "hostkv/client.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
@@ -53,21 +56,67 @@ struct Client::Impl {
   absl::Status OpenOverSessionSocket(const std::string& socket_path,
                                      const std::string& client_name);
 
-  // Calls one unary method with a deadline and converts the status.
+  // Calls one unary method with a deadline and converts the status; on a
+  // unix: target, waits for an absent daemon and resumes the session
+  // (Recover) before trying again.
   template <typename Request, typename Response, typename Method>
   absl::StatusOr<Response> Call(Method method, const Request& request) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(60));
-    if (!auth_token.empty()) {
-      context.AddMetadata("authorization", "Bearer " + auth_token);
+    RecoveryState recovery;
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(60));
+      if (!auth_token.empty()) {
+        context.AddMetadata("authorization", "Bearer " + auth_token);
+      }
+      Response response;
+      const uint64_t seen = generation.load();
+      grpc::Status status = (stub.get()->*method)(&context, request, &response);
+      if (status.ok()) return response;
+      absl::Status failure = FromGrpcStatus(status);
+      if (absl::Status retry = Recover(failure, seen, recovery); !retry.ok()) {
+        return retry;
+      }
     }
-    Response response;
-    grpc::Status status = (stub.get()->*method)(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response;
   }
+
+  // ---- Restarts (client_resume.cc) ----
+  std::string socket_path;  // unix: targets; empty over TCP
+  std::string client_name;
+  absl::Duration reconnect_timeout = absl::Seconds(30);
+  std::atomic<uint64_t> generation{0};  // sessions resumed so far
+  struct RecoveryState {
+    absl::Time deadline = absl::InfiniteFuture();
+    absl::Duration delay = absl::Milliseconds(50);
+  };
+  // After `failure` of a call made at `seen`: OK to make the call again
+  // (waited for the daemon, or resumed the session), else the error to
+  // return.
+  absl::Status Recover(const absl::Status& failure, uint64_t seen,
+                       RecoveryState& state);
+  // Resumes the session with a daemon that adopted its predecessor's state:
+  // a new session socket, new signal records, the descriptors passed and
+  // the imports registered again with their ids.
+  absl::Status Resume(uint64_t seen) ABSL_LOCKS_EXCLUDED(resume_mu);
+  void KeepImport(uint64_t id, v1::RegisterDeviceBuffersRequest request)
+      ABSL_LOCKS_EXCLUDED(resume_mu);
+  void ForgetImport(uint64_t id) ABSL_LOCKS_EXCLUDED(resume_mu);
+  void KeepPassedFd(uint64_t handle, int fd) ABSL_LOCKS_EXCLUDED(resume_mu);
+  absl::Mutex resume_mu;
+  std::map<uint64_t, v1::RegisterDeviceBuffersRequest> imports
+      ABSL_GUARDED_BY(resume_mu);
+  std::map<uint64_t, ScopedFd> passed_fds ABSL_GUARDED_BY(resume_mu);
+  // Signal segments of earlier daemons: a WaitLayer may still read one.
+  std::vector<ShmSegment> retired_signals ABSL_GUARDED_BY(resume_mu);
 };
+
+// One request/reply exchange on the session socket; `reply_fd` receives a
+// descriptor the daemon passed back, if any.
+absl::StatusOr<SessionReply> SessionExchange(int socket,
+                                             const SessionMessage& message,
+                                             int pass_fd, ScopedFd* reply_fd);
+// Connects to the session socket "<socket_path>.session".
+absl::StatusOr<ScopedFd> ConnectSessionSocket(const std::string& socket_path);
 
 // Appends `pages` to a request's repeated PageRun field.
 void FillRuns(const std::vector<PageRange>& pages,

@@ -79,7 +79,9 @@ struct SessionMessage {
   uint32_t pid;      // kOpen: informational (the kernel's word is used)
   uint8_t session_id[kSessionIdBytes];  // kAttach
   char client_name[216];  // kOpen; kFetchPoolSegment: the pool; NUL-terminated
-  uint64_t import_id;                   // kFetchKvWord
+  // kFetchKvWord: the import; kPassFd: 0, or the handle to give the
+  // descriptor (a client passing it again after a restart).
+  uint64_t import_id;
 };
 
 struct SessionReply {

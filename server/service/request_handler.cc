@@ -195,7 +195,8 @@ absl::StatusOr<std::shared_ptr<Session>> RequestHandler::SessionOfSender(
 }
 
 absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
-    const SessionId& id, const PeerCredentials& sender, ScopedFd fd) {
+    const SessionId& id, const PeerCredentials& sender, ScopedFd fd,
+    uint64_t wanted) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    SessionOfSender(id, sender, "descriptors are taken only from the session's own peer"));
   RETURN_IF_ERROR(CheckSealedMemfd(fd.get()));
@@ -208,7 +209,8 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
   }
   ASSIGN_OR_RETURN(const uint64_t handle,
                    session->AddPassedFd(std::move(fd),
-                                        limits_.max_imports_per_session));
+                                        limits_.max_imports_per_session,
+                                        wanted));
   spdlog::debug("session {}: descriptor {} passed", session->tag(), handle);
   return handle;
 }
@@ -394,7 +396,8 @@ RequestHandler::RegisterDeviceBuffers(
   ASSIGN_OR_RETURN(const uint64_t id,
                    session->AddImport(std::move(import), bytes,
                                       limits_.max_imports_per_session,
-                                      limits_.max_import_bytes_per_session));
+                                      limits_.max_import_bytes_per_session,
+                                      request.import_id()));
   spdlog::info("session {}: import {} opened for pool '{}' ({} layers, "
                "{} token slots, {})",
                session->tag(), id, pool->name(), pool->geometry().num_layers,

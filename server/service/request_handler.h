@@ -174,9 +174,11 @@ class RequestHandler {
   // Keeps a memfd the peer passed; returns its handle. InvalidArgument if it
   // is not a read-write memfd sealed against shrinking; PermissionDenied if
   // `sender` is not the session's peer; ResourceExhausted at the limit.
+  // `wanted`: 0, or the handle to give it (a client passing its buffers
+  // again after a restart).
   absl::StatusOr<uint64_t> AcceptPassedFd(const SessionId& id,
                                           const PeerCredentials& sender,
-                                          ScopedFd fd);
+                                          ScopedFd fd, uint64_t wanted = 0);
   // The memfd of CUDA import `import_id`'s "KV written" page (a duplicate
   // the caller passes to the engine). NotFound if the session has no such
   // import; FailedPrecondition if it is not a CUDA import with gpu_signals;

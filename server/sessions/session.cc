@@ -50,7 +50,7 @@ std::optional<PeerCredentials> Session::peer() const {
 
 absl::StatusOr<uint64_t> Session::AddImport(
     std::shared_ptr<DeviceImport> import, uint64_t bytes, uint32_t max_imports,
-    uint64_t max_bytes) {
+    uint64_t max_bytes, uint64_t wanted) {
   absl::MutexLock lock(&mu_);
   if (imports_.size() >= max_imports) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -64,7 +64,12 @@ absl::StatusOr<uint64_t> Session::AddImport(
         import_bytes_ + bytes, ", above --max_import_bytes_per_session (",
         max_bytes, ")"));
   }
-  const uint64_t id = ++next_import_;
+  if (wanted != 0 && imports_.contains(wanted)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("the session has an import ", wanted, " already"));
+  }
+  const uint64_t id = wanted != 0 ? wanted : ++next_import_;
+  next_import_ = std::max(next_import_, id);
   imports_[id] = ImportEntry{std::move(import), bytes};
   import_bytes_ += bytes;
   return id;
@@ -124,14 +129,20 @@ uint32_t Session::import_count() const {
   return static_cast<uint32_t>(imports_.size());
 }
 
-absl::StatusOr<uint64_t> Session::AddPassedFd(ScopedFd fd, uint32_t max) {
+absl::StatusOr<uint64_t> Session::AddPassedFd(ScopedFd fd, uint32_t max,
+                                              uint64_t wanted) {
   absl::MutexLock lock(&mu_);
   if (passed_fds_.size() >= max) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the session already passed ", passed_fds_.size(),
         " descriptors, the most --max_imports_per_session allows"));
   }
-  const uint64_t handle = ++next_fd_handle_;
+  if (wanted != 0 && passed_fds_.contains(wanted)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("the session has a passed descriptor ", wanted, " already"));
+  }
+  const uint64_t handle = wanted != 0 ? wanted : ++next_fd_handle_;
+  next_fd_handle_ = std::max(next_fd_handle_, handle);
   passed_fds_.emplace(handle, std::move(fd));
   return handle;
 }

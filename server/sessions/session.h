@@ -81,13 +81,17 @@ class Session {
   // Registers an import of `bytes` device bytes; returns its id.
   // ResourceExhausted (naming the flag) if the session would then hold more
   // than `max_imports` imports or `max_bytes` imported bytes.
+  // `wanted`: 0, or the id to give it (a client re-registering after a
+  // restart; AlreadyExists if taken).
   absl::StatusOr<uint64_t> AddImport(std::shared_ptr<DeviceImport> import,
                                      uint64_t bytes, uint32_t max_imports,
-                                     uint64_t max_bytes)
+                                     uint64_t max_bytes, uint64_t wanted = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps a descriptor the client passed over its session socket; returns
   // its handle (DeviceBuffer.passed_fd). ResourceExhausted beyond `max`.
-  absl::StatusOr<uint64_t> AddPassedFd(ScopedFd fd, uint32_t max)
+  // `wanted`: 0, or the handle to give it (as AddImport's).
+  absl::StatusOr<uint64_t> AddPassedFd(ScopedFd fd, uint32_t max,
+                                       uint64_t wanted = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A duplicate of the descriptor of handle `handle` (the original stays
   // with the session until it ends); NotFound for an unknown handle.

@@ -336,7 +336,8 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
             ? absl::FailedPreconditionError("open or attach a session first")
         : passed.get() < 0
             ? absl::InvalidArgumentError("kPassFd carries no descriptor")
-            : handler_->AcceptPassedFd(c.session, sender, std::move(passed));
+            : handler_->AcceptPassedFd(c.session, sender, std::move(passed),
+                                       m.import_id);
     SessionReply reply = ReplyFor(kind, handle.status());
     if (handle.ok()) reply.value = *handle;
     Reply(fd, reply);

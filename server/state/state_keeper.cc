@@ -38,6 +38,15 @@ absl::StatusOr<ScopedFd> ConnectTo(const std::string& path) {
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Errno(errno, "connect " + path);
   }
+  // The state is the daemon's own: a keeper of another uid is not ours.
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 ||
+      peer.uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state keeper on ", path, " runs as uid ", peer.uid, ", not as "
+        "hostkvd's uid ", geteuid(), ": remove it, or start hostkvd as that uid"));
+  }
   return fd;
 }
 
@@ -79,7 +88,7 @@ absl::StatusOr<std::unique_ptr<StateKeeper>> StateKeeper::Connect(
     const std::string& path, bool spawn, absl::Duration keep_for,
     const std::vector<std::string>& args) {
   absl::StatusOr<ScopedFd> fd = ConnectTo(path);
-  if (!fd.ok() && spawn) {
+  if (!fd.ok() && spawn && absl::IsUnavailable(fd.status())) {
     // A socket file no keeper answers on is a dead keeper's.
     unlink(path.c_str());
     if (absl::Status s = Spawn(path, keep_for, args); !s.ok()) return s;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds request_fuzzer (clang, libFuzzer, ASan + UBSan) in build-fuzz and
-# fuzzes for FUZZ_SECONDS (default 60) from a copy of the seed corpus.
+# Builds request_fuzzer and ledger_fuzzer (clang, libFuzzer, ASan + UBSan) in
+# build-fuzz; fuzzes the request layer for FUZZ_SECONDS (default 60) from a
+# copy of the seed corpus, then what a daemon adopts after a restart (edited
+# ledgers) for LEDGER_FUZZ_SECONDS (default 15).
 #
 # usage: tests/fuzz/run_fuzzer.sh [extra libFuzzer flags...]
 #   FUZZ_SECONDS=600 tests/fuzz/run_fuzzer.sh
@@ -45,8 +47,8 @@ CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" \
   -DHOSTKV_ENABLE_CUDA=OFF \
   -DHOSTKV_BUILD_TESTS=ON >/dev/null
 
-echo "== build request_fuzzer (-j${jobs})"
-cmake --build "${build}" --target request_fuzzer -j"${jobs}"
+echo "== build request_fuzzer ledger_fuzzer (-j${jobs})"
+cmake --build "${build}" --target request_fuzzer ledger_fuzzer -j"${jobs}"
 
 rm -rf "${corpus}"
 mkdir -p "${corpus}" "${crashes}"
@@ -79,7 +81,9 @@ shopt -u nullglob
 if ((${#saved[@]} > 0)); then
   echo "== replay ${#saved[@]} saved input(s) from ${crashes}"
   for f in "${saved[@]}"; do
-    if ! "${build}/tests/fuzz/request_fuzzer" "${f}" >"${build}/replay.log" 2>&1; then
+    target=request_fuzzer
+    [[ "$(basename "${f}")" == ledger-* ]] && target=ledger_fuzzer
+    if ! "${build}/tests/fuzz/${target}" "${f}" >"${build}/replay.log" 2>&1; then
       echo "FAIL: ${f} still fails:"
       grep -E 'invariant violated|ERROR|SUMMARY|what\(\)' "${build}/replay.log" | head -5
       replay_failed=1
@@ -121,6 +125,25 @@ if ((rc != 0 || after > before)); then
     sed "s|^|  ${crashes}/|"
   echo "Replay: ${build}/tests/fuzz/request_fuzzer <file>"
   exit 1
+fi
+ledger_seconds="${LEDGER_FUZZ_SECONDS:-15}"
+if [[ "${ledger_seconds}" != 0 ]]; then
+  ledger_corpus="${build}/ledger-corpus"
+  ledger_log="${build}/ledger_fuzzer.log"
+  mkdir -p "${ledger_corpus}"
+  echo "== fuzz adopted ledgers for ${ledger_seconds} s (log: ${ledger_log})"
+  set +e
+  "${build}/tests/fuzz/ledger_fuzzer" -max_total_time="${ledger_seconds}" \
+    -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \
+    -artifact_prefix="${crashes}/ledger-" "${ledger_corpus}" >"${ledger_log}" 2>&1
+  lrc=$?
+  set -e
+  grep -E '^Done [0-9]+ runs in' "${ledger_log}" | tail -1 || true
+  if ((lrc != 0)); then
+    grep -vE '^#[0-9]+' "${ledger_log}" | tail -40
+    echo "FAIL: ledger_fuzzer found a problem (saved in ${crashes}/ledger-*)"
+    exit 1
+  fi
 fi
 if ((replay_failed)); then
   echo "FAIL: no new crash in ${seconds} s, but a saved input still fails (above)"

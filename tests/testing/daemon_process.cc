@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace hostkv::testing {
 namespace {
 
@@ -113,10 +115,27 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args,
                                    "--memory_reserve=256MiB",
                                    "--log_level=debug"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
+  args_ = args;
+  unix_ = listen.empty();
   pid_ = Spawn(args, log_path_);
+  WaitStarted();
+}
+
+bool DaemonProcess::Restart(const std::vector<std::string>& extra_args) {
+  if (pid_ > 0) return false;
+  std::vector<std::string> args = args_;
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  log_path_ = absl::StrCat(dir_, "/hostkvd.", ++restarts_, ".log");
+  started_ = false;
+  pid_ = Spawn(args, log_path_);
+  WaitStarted();
+  return started_;
+}
+
+void DaemonProcess::WaitStarted() {
   for (int i = 0; i < 1000 && !started_; ++i) {
     if (log().find("listening on") != std::string::npos &&
-        (!listen.empty() || CanConnect(socket_path_))) {
+        (!unix_ || CanConnect(socket_path_))) {
       started_ = true;
       break;
     }

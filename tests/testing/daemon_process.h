@@ -31,6 +31,11 @@ class DaemonProcess {
   // The daemon's stderr so far.
   std::string log() const;
 
+  // After Stop: a new daemon with the same flags (and `extra_args`) on the
+  // same socket, its log in a new file (log() reads it). Waits as the
+  // constructor does; returns started().
+  bool Restart(const std::vector<std::string>& extra_args = {});
+
   // Sends `signal` and waits for the exit; returns the exit code (or 128 +
   // signal number if killed), -1 on timeout.
   int Stop(int signal, int timeout_ms = 10000);
@@ -50,6 +55,10 @@ class DaemonProcess {
   std::string log_path_;
   pid_t pid_ = -1;
   bool started_ = false;
+  std::vector<std::string> args_;
+  bool unix_ = true;
+  int restarts_ = 0;
+  void WaitStarted();
 };
 
 // A TCP port on 127.0.0.1 that was free a moment ago.

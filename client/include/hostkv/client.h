@@ -53,6 +53,9 @@ struct Operation {
   // CUDA imports with GPU signals: the value each layer's signal word takes
   // once that layer is copied (GpuSignals::WaitLayer waits for it).
   uint64_t signal_value = 0;
+  // The session's resumes before it was submitted (an operation of an
+  // earlier daemon is Aborted by WaitLayer: submit it again).
+  uint64_t generation = 0;
 };
 
 struct TransferOptions {
@@ -107,6 +110,13 @@ struct CopyPagesResult {
 struct ConnectOptions {
   // Sent as "authorization: Bearer <auth_token>" when not empty.
   std::string auth_token;
+  // On a unix: target, a call that finds hostkvd away retries for this
+  // long (50 ms doubling to 1 s), and resumes the session when a daemon
+  // that adopted the previous one's state answers (it registers the
+  // imports and passes the descriptors again, keeping their ids); then the
+  // call is made again. 0: no wait, no resume. README "While hostkvd is
+  // away".
+  absl::Duration reconnect_timeout = absl::Seconds(30);
 };
 
 class Client {
