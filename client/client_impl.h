@@ -87,7 +87,7 @@ struct Client::Impl {
   std::atomic<uint64_t> generation{0};  // sessions resumed so far
   struct RecoveryState {
     absl::Time deadline = absl::InfiniteFuture();
-    absl::Duration delay = absl::Milliseconds(50);
+    absl::Duration delay = absl::Milliseconds(20);
   };
   // After `failure` of a call made at `seen`: OK to make the call again
   // (waited for the daemon, or resumed the session), else the error to

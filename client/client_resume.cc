@@ -42,7 +42,7 @@ absl::Status Client::Impl::Recover(const absl::Status& failure, uint64_t seen,
         " (is it running? last error: ", failure.message(), ")"));
   }
   absl::SleepFor(std::min(state.delay, state.deadline - now));
-  state.delay = std::min(state.delay * 2, absl::Seconds(1));
+  state.delay = std::min(state.delay * 2, absl::Milliseconds(200));
   return absl::OkStatus();
 }
 

@@ -353,6 +353,7 @@ absl::Status TakeOver(const DaemonOptions& o, Daemon& d,
   DaemonOptions next = o;
   next.socket_path = o.socket_path + ".next";
   next.listen = "unix:" + next.socket_path;
+  d.handler->HoldRequests();
   RETURN_IF_ERROR(StartServer(next, d));
   const absl::Time start = absl::Now();
   spdlog::info("--takeover: listening beside hostkvd pid {}; asking it to "

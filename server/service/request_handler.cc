@@ -37,7 +37,7 @@ void RequestHandler::BeginShutdown() {
 }
 
 absl::Status RequestHandler::AwaitOpen() const {
-  if (open_.HasBeenNotified() ||
+  if (!held_.load() || open_.HasBeenNotified() ||
       open_.WaitForNotificationWithTimeout(absl::Minutes(1))) {
     return absl::OkStatus();
   }

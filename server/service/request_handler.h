@@ -146,9 +146,11 @@ class RequestHandler {
   // before requests are served.
   void set_restart_stats(v1::RestartStats stats) { restart_ = std::move(stats); }
 
-  // Until Open(), every request waits (up to a minute, then Unavailable):
-  // a daemon taking over from another serves once it has adopted its state.
-  // A daemon that is not taking over opens before it listens.
+  // Between HoldRequests() and Open(), every request waits (up to a minute,
+  // then Unavailable): a daemon taking over from another (--takeover)
+  // listens first and serves once it has adopted the state. Requests are
+  // not held otherwise.
+  void HoldRequests() { held_.store(true); }
   void Open() { open_.Notify(); }
   absl::Status AwaitOpen() const;
 
@@ -282,6 +284,7 @@ class RequestHandler {
   v1::RestartStats restart_;
   std::atomic<uint64_t> sessions_resumed_{0};
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> held_{false};
   absl::Notification open_;
 };
 

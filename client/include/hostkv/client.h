@@ -111,7 +111,7 @@ struct ConnectOptions {
   // Sent as "authorization: Bearer <auth_token>" when not empty.
   std::string auth_token;
   // On a unix: target, a call that finds hostkvd away retries for this
-  // long (50 ms doubling to 1 s), and resumes the session when a daemon
+  // long (20 ms doubling to 200 ms), and resumes the session when a daemon
   // that adopted the previous one's state answers (it registers the
   // imports and passes the descriptors again, keeping their ids); then the
   // call is made again. 0: no wait, no resume. README "While hostkvd is
