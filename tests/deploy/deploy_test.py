@@ -29,6 +29,10 @@ manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
   - sizes add up: configured pools <= --memory_budget <= the container's
     memory request - overhead, request <= limit, /dev/shm size >= budget,
     --copy_threads <= the CPU request;
+  - an init container that prepares a hostPath socket directory runs its
+    command as the manifest grants it (runAsUser, only the added
+    capabilities, setpriv; skipped unless root) on a fresh root 0755
+    directory and again on the re-used one, leaving it the image uid's, 0750;
   - the daemon and the engines run as the image's uid (CPU backend: the
     daemon opens the engines' 0600 shared-memory device buffers);
   - every hostkvd image reference is the same, tagged with the project
@@ -720,6 +724,71 @@ def check_secret_readable(spec, v, key, uid, where, flag):
     return mode
 
 
+def granted_caps(spec, container):
+    """The capabilities a container's process gets, as setpriv names them:
+    the runtime's default set minus securityContext.capabilities.drop plus add
+    (drop: [ALL] is the only form the manifests use)."""
+    caps = (container.get("securityContext") or {}).get("capabilities") or {}
+    drop = [str(c).upper() for c in caps.get("drop") or []]
+    if "ALL" not in drop:
+        return None
+    return sorted(str(c).lower().removeprefix("cap_") for c in caps.get("add") or [])
+
+
+def check_init_command(spec, init, socket_dir, where):
+    """Runs an init container's command that prepares the hostPath socket
+    directory exactly as the manifest grants it (its runAsUser, only its
+    capabilities, no new privileges) on a fresh directory as kubelet creates
+    it (root, 0755) and again on the re-used one (a node's second pod, an
+    init retry): both runs must exit 0 and leave the directory the image
+    uid's, 0750."""
+    cmd = [str(a) for a in init.get("command") or []] + [str(a) for a in init.get("args") or []]
+    mount = next((m for m in init.get("volumeMounts") or []
+                  if os.path.normpath(m.get("mountPath", "")) == socket_dir), None)
+    caps = granted_caps(spec, init)
+    uid = security(spec, init, "runAsUser")
+    if not F.check(cmd and mount and caps is not None, where,
+                   f"cannot tell what the init container runs on {socket_dir} (command, a "
+                   f"mount at {socket_dir}, capabilities with drop: [ALL])"):
+        return
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        note(f"{where}: not root or no setpriv: the init command is not run")
+        return
+    base = tempfile.mkdtemp(prefix="hostkv-init-")
+    try:
+        os.chmod(base, 0o755)
+        target = os.path.join(base, "hostkv")
+        os.mkdir(target, 0o755)  # kubelet's DirectoryOrCreate: root, 0755
+        os.chmod(target, 0o755)
+        argv = [a.replace(socket_dir, target) for a in cmd]
+        bounding = ",".join(["-all"] + [f"+{c}" for c in caps])
+        run = ["setpriv", f"--reuid={uid if uid is not None else 0}", "--clear-groups",
+               f"--bounding-set={bounding}", "--inh-caps=-all", "--ambient-caps=-all",
+               "--no-new-privs", "--"] + argv
+        for attempt in ("a fresh directory (root, 0755)", "the re-used directory"):
+            r = subprocess.run(run, capture_output=True, text=True, timeout=30)
+            st = os.stat(target)
+            ok = F.check(r.returncode == 0, where,
+                         f"{shlex.join(cmd)} with only {caps or 'no capabilities'} fails on "
+                         f"{attempt}: {(r.stderr or r.stdout).strip()} (the pod never starts: "
+                         f"Init:CrashLoopBackOff)")
+            ok = F.check(st.st_uid == IMAGE_UID and st.st_gid == IMAGE_UID and
+                         (st.st_mode & 0o7777) == 0o750, where,
+                         f"after {attempt} the directory is {st.st_uid}:{st.st_gid} "
+                         f"{st.st_mode & 0o7777:04o}, not {IMAGE_UID}:{IMAGE_UID} 0750") and ok
+            if not ok:
+                break
+            # What a daemon leaves there for the next pod on the node.
+            with open(os.path.join(target, "hostkvd.sock.lock"), "w"):
+                pass
+            os.chown(os.path.join(target, "hostkvd.sock.lock"), IMAGE_UID, IMAGE_UID)
+        else:
+            note(f"{where}: {shlex.join(cmd)} under setpriv with only {caps}: fresh and re-used "
+                 f"directory end {IMAGE_UID}:{IMAGE_UID} 0750")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def check_k8s_file(path, docs, protos, cli, workdir):
     rel = os.path.relpath(path, SOURCE)
     configmaps = {}
@@ -783,6 +852,8 @@ def check_k8s_file(path, docs, protos, cli, workdir):
                         for i in inits), where,
                     f"the hostPath socket directory is root-owned until an init container "
                     f"gives it to uid {IMAGE_UID}")
+            for i in inits:
+                check_init_command(spec, i, socket_dir, f"{where}: init container {i.get('name')}")
 
         probes = []
         for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
