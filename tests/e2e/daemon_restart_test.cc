@@ -4,8 +4,11 @@
 // host pages, imports and published keys are as before (README "While
 // hostkvd is away", deploy/README.md "Restarts and upgrades").
 #include <signal.h>
+#include <stdlib.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -163,6 +166,56 @@ TEST(DaemonRestartTest, ADaemonWithoutTheStateSaysTheSessionIsLost) {
   EXPECT_FALSE(pages.ok());
   EXPECT_NE(pages.status().message().find("no open session"), std::string::npos)
       << pages.status();
+}
+
+// A configured pool whose spec changed since the state was written: the
+// daemon refuses to start, naming --discard_state, and starts with it.
+TEST(DaemonRestartTest, AStateOfAnotherGeometryIsRefusedThenDiscarded) {
+  char tmpl[] = "/tmp/hostkv-e2e-geometry-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string config = dir + "/hostkvd.textproto";
+  auto write_config = [&](int pages) {
+    FILE* f = std::fopen(config.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f,
+                 "pools { name: \"kept\" page_size: 8 capacity_tokens: %d "
+                 "layout: LAYOUT_LAYER_FIRST geometry { dtype: DTYPE_BF16 "
+                 "mha { num_layers: 2 num_kv_heads: 1 head_dim: 16 } } }\n",
+                 pages * 8);
+    std::fclose(f);
+  };
+  write_config(32);
+  {
+    testing::DaemonProcess daemon({"--config=" + config});
+    ASSERT_TRUE(daemon.started()) << daemon.log();
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(daemon.target(), "e");
+    ASSERT_OK(c);
+    ASSERT_OK((*c)->Alloc("kept", 8));
+    ASSERT_EQ(daemon.Stop(SIGKILL), 128 + SIGKILL);
+    write_config(48);
+    std::string log;
+    const std::vector<std::string> args = {"--listen=" + daemon.target(),
+                                           "--memory_reserve=256MiB",
+                                           "--config=" + config};
+    EXPECT_EQ(testing::DaemonProcess::RunToExit(args, &log), 1);
+    EXPECT_NE(log.find("differs from the pool of that name the previous hostkvd left"),
+              std::string::npos) << log;
+    EXPECT_NE(log.find("--discard_state"), std::string::npos) << log;
+    // The state is still there: the old configuration adopts it.
+    write_config(32);
+    ASSERT_TRUE(daemon.Restart()) << daemon.log();
+    EXPECT_NE(daemon.log().find("1 sessions waiting for their resume"), std::string::npos)
+        << daemon.log();
+    ASSERT_EQ(daemon.Stop(SIGKILL), 128 + SIGKILL);
+    write_config(48);
+    ASSERT_TRUE(daemon.Restart({"--discard_state"})) << daemon.log();
+    absl::StatusOr<std::unique_ptr<Client>> fresh = Client::Connect(daemon.target(), "f");
+    ASSERT_OK(fresh);
+    absl::StatusOr<v1::Pool> pool = (*fresh)->GetPool("kept");
+    ASSERT_OK(pool);
+    EXPECT_EQ(pool->spec().capacity_tokens(), 48u * 8);
+  }
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST(DaemonRestartTest, TakeoverUnderTrafficFailsNoCall) {
