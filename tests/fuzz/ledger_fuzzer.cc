@@ -29,6 +29,7 @@ namespace {
 
 constexpr uint32_t kPageSize = 2;
 constexpr uint64_t kCapacityPages = 15;  // + the padding page: 16
+constexpr uint64_t kFirstFreePage = 12;   // pages 12..15 are free
 
 #define FUZZ_CHECK(cond)                                              \
   do {                                                                \
@@ -109,11 +110,14 @@ void FuzzPoolLedger(const uint8_t* data, size_t size) {
   if (!ledger.ok()) return;
   absl::StatusOr<PoolGeometry> geometry = ResolvePoolSpec((*ledger)->spec());
   if (!geometry.ok() || geometry->total_bytes() > (64u << 20)) return;
-  // The segment, with every page's bytes = its number + 1.
+  // The segment as the daemon left it: a page the ledger wrote as free
+  // (12..15) is zero (it is recorded free only once zeroed); every other
+  // page's bytes are its number + 1.
   std::vector<uint8_t> pool_bytes(geometry->total_bytes());
   const uint64_t page_bytes = geometry->page_bytes();
   for (uint64_t i = 0; i < pool_bytes.size(); ++i) {
-    pool_bytes[i] = static_cast<uint8_t>(i / page_bytes + 1);
+    const uint64_t page = i / page_bytes;
+    pool_bytes[i] = page >= kFirstFreePage ? 0 : static_cast<uint8_t>(page + 1);
   }
   MemoryBudget budget(0, 0, [] { return uint64_t{1} << 40; });
   PoolRegistry registry(&budget, "/hostkv-fuzz-ledger.", 1);
