@@ -98,9 +98,23 @@ int RunStateKeeper(const std::string& path, absl::Duration keep_for) {
     Say("bad socket path '%s'", path);
     return 2;
   }
-  ScopedFd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
+  // Another keeper serving the path (one hostkvd started, while this one,
+  // e.g. a container of its own, came up late) holds state: wait for it to
+  // go rather than take its place. A socket file nobody answers on is a
+  // dead keeper's.
+  for (bool said = false;; said = true) {
+    ScopedFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      break;
+    }
+    if (!said) Say("another state keeper serves %s: waiting for it to exit", path);
+    probe = ScopedFd();
+    sleep(1);
+  }
+  unlink(path.c_str());
+  ScopedFd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   const mode_t old_umask = umask(0177);  // the socket is 0600
   const bool bound =
       listener.get() >= 0 &&

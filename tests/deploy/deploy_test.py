@@ -492,6 +492,21 @@ def runs_daemon(container, compose=False):
     return os.path.basename(str(command[0])) in ("hostkvd", "hostkvd-entrypoint")
 
 
+def runs_keeper(container):
+    """The hostkvd image as the state keeper (--state_keeper=PATH)."""
+    if not runs_daemon(container):
+        return False
+    argv = [str(a) for a in (container.get("command") or [])[1:]] + \
+        [str(a) for a in container.get("args") or []]
+    return any(a.startswith("--state_keeper=") for a in argv)
+
+
+def keeper_path(container):
+    argv = [str(a) for a in (container.get("command") or [])[1:]] + \
+        [str(a) for a in container.get("args") or []]
+    return next(a.split("=", 1)[1] for a in argv if a.startswith("--state_keeper="))
+
+
 def mounts_at(container, path):
     return [m for m in container.get("volumeMounts") or [] if m.get("mountPath") == path]
 
@@ -796,7 +811,7 @@ def check_k8s_file(path, docs, protos, cli, workdir):
         if d.get("kind") == "ConfigMap":
             md = d.get("metadata") or {}
             configmaps[(md.get("namespace", "default"), md.get("name"))] = d
-    daemons, engines = [], []
+    daemons, engines, keepers = [], [], []
     for d in docs:
         if d.get("kind") not in WORKLOADS:
             continue
@@ -809,7 +824,9 @@ def check_k8s_file(path, docs, protos, cli, workdir):
             image = c.get("image", "")
             if "hostkv" in image:
                 IMAGES.append((where, image))
-            if runs_daemon(c):
+            if runs_keeper(c):
+                keepers.append((where, spec, c))
+            elif runs_daemon(c):
                 if c in (spec.get("initContainers") or []):
                     F.check(c.get("restartPolicy") == "Always", where,
                             "hostkvd as an init container must be a native sidecar "
@@ -818,6 +835,29 @@ def check_k8s_file(path, docs, protos, cli, workdir):
             elif any(e.get("name") == SOCKET_ENV for e in c.get("env") or []):
                 engines.append((where, spec, c))
     F.check(daemons, rel, "no container runs the hostkvd image")
+    for where, spec, c in keepers:
+        # The keeper of a daemon in the same pod: on "<its socket>.state", in
+        # the socket's volume, as the daemon's uid (it accepts only that uid),
+        # a native sidecar so that it starts first and outlives the daemon.
+        path = keeper_path(c)
+        listens = []
+        for _, dspec, d, _ in daemons:
+            if dspec is not spec:
+                continue
+            argv = [str(a) for a in (d.get("command") or [])[1:]] + \
+                [str(a) for a in d.get("args") or []]
+            listens += [a.split("=", 1)[1] for a in argv if a.startswith("--listen=unix:")]
+        F.check(any(path == l[len("unix:"):] + ".state" for l in listens), where,
+                f"--state_keeper={path} is not <a hostkvd socket of the pod>.state "
+                f"({listens})")
+        F.check(mounts_at(c, os.path.dirname(path)), where,
+                f"mounts nothing at {os.path.dirname(path)} (the daemon's socket volume)")
+        F.check(security(spec, c, "runAsUser") == IMAGE_UID, where,
+                f"runAsUser is not the image's uid {IMAGE_UID} (the keeper serves its own uid only)")
+        if c in (spec.get("initContainers") or []):
+            F.check(c.get("restartPolicy") == "Always", where,
+                    "the keeper as an init container must be a native sidecar "
+                    "(restartPolicy: Always)")
     F.check(engines, rel, f"no engine container (one with {SOCKET_ENV})")
 
     sockets = []  # (socket path, socket source, shm source, uid, spec)
@@ -846,7 +886,7 @@ def check_k8s_file(path, docs, protos, cli, workdir):
         if sock_src and sock_src[0] == "hostPath":
             # kubelet creates it root-owned: someone must give it to the daemon.
             inits = [i for i in spec.get("initContainers") or []
-                     if i is not c and any(m.get("name") == mounts_at(c, socket_dir)[0]["name"]
+                     if i is not c and i.get("restartPolicy") != "Always" and any(m.get("name") == mounts_at(c, socket_dir)[0]["name"]
                                            for m in i.get("volumeMounts") or [])]
             F.check(any(str(IMAGE_UID) in " ".join(map(str, i.get("command") or []))
                         for i in inits), where,
