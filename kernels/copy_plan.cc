@@ -125,13 +125,15 @@ std::vector<CopyPiece> LayerPieces(const CopyTask& task, uint32_t layer,
 void CopyLayerSlice(const CopyTask& task, uint32_t layer, uint64_t token_begin,
                     uint64_t token_end) {
   for (uint32_t kv = 0; kv < task.geometry.kv_planes(); ++kv) {
-    // The pieces come coalesced already (kDirect).
+    // The pieces come coalesced, whatever the mechanism: on the CPU it
+    // names no different hardware.
     SliceCopier copier(task.host_base, task.layers[layer].plane[kv],
                        task.direction);
     ForEachPiece(task, layer, kv, token_begin, token_end,
                  [&copier](const CopyPiece& piece) {
                    copier.Add(piece.host, piece.device, piece.bytes);
-                 });
+                 },
+                 Coalesce::kAlways);
     copier.Flush();
   }
 }

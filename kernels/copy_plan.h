@@ -64,14 +64,22 @@ struct CopyPiece {
   uint64_t bytes;
 };
 
+// Whether ForEachPiece merges chunks contiguous on both sides: as the
+// task's mechanism says (the GPU paths), or always (the CPU backend, where
+// the mechanism names no different hardware and one memcpy per token row
+// only costs).
+enum class Coalesce : uint8_t { kByMechanism, kAlways };
+
 // Calls fn(const CopyPiece&) for the pieces of tokens [token_begin,
 // token_end) (positions in the concatenated runs) of one layer and plane, in
 // order: one per chunk (kKernel), or chunks contiguous on both sides merged
-// (kDirect). The CPU path and the GPU copy-engine path both copy these.
+// (kDirect, or `coalesce` kAlways). The CPU path and the GPU copy-engine
+// path both copy these.
 // REQUIRES: task.IndexRuns() was called; token_end <= total_tokens.
 template <typename Fn>
 void ForEachPiece(const CopyTask& task, uint32_t layer, uint32_t kv,
-                  uint64_t token_begin, uint64_t token_end, Fn&& fn);
+                  uint64_t token_begin, uint64_t token_end, Fn&& fn,
+                  Coalesce coalesce = Coalesce::kByMechanism);
 
 // Every piece of one layer (all tokens), plane by plane: what the GPU
 // copy-engine path hands to one batched copy.
@@ -89,11 +97,13 @@ size_t RunAt(const CopyTask& task, uint64_t token);
 
 template <typename Fn>
 void ForEachPiece(const CopyTask& task, uint32_t layer, uint32_t kv,
-                  uint64_t token_begin, uint64_t token_end, Fn&& fn) {
+                  uint64_t token_begin, uint64_t token_end, Fn&& fn,
+                  Coalesce merge) {
   const PoolGeometry& g = task.geometry;
   const uint32_t chunks = g.chunks_per_row();
   const uint64_t chunk_bytes = g.chunk_bytes();
-  const bool coalesce = task.mechanism == CopyMechanism::kDirect;
+  const bool coalesce = merge == Coalesce::kAlways ||
+                        task.mechanism == CopyMechanism::kDirect;
   CopyPiece pending{0, 0, 0};
   for (size_t r = RunAt(task, token_begin); r < task.runs.size(); ++r) {
     const uint64_t run_start = task.run_starts[r];

@@ -392,6 +392,37 @@ TEST_P(CopyEngineTest, EmptyTaskCopiesNothing) {
   EXPECT_TRUE(actual.Equals(expected));
 }
 
+// The CPU backend copies pieces coalesced whatever the mechanism
+// (CopyLayerSlice asks ForEachPiece for Coalesce::kAlways): a KERNEL task's
+// pieces there are the DIRECT task's, maximal, and cover the same bytes.
+TEST_P(CopyEngineTest, OnTheCpuEveryMechanismCopiesMaximalPieces) {
+  for (const Selection& s : Selections(spec_.page_size)) {
+    SCOPED_TRACE(s.name);
+    Buffers actual(pool_, device_);
+    const std::vector<LayerBuffers> table = actual.Table();
+    CopyTask task = MakeTask(s, CopyDirection::kHostToDevice, &actual, &table);
+    for (uint32_t layer = 0; layer < spec_.layers; ++layer) {
+      for (uint32_t kv = 0; kv < g_.kv_planes(); ++kv) {
+        std::vector<CopyPiece> always, direct;
+        ForEachPiece(task, layer, kv, 0, task.total_tokens,
+                     [&](const CopyPiece& p) { always.push_back(p); },
+                     Coalesce::kAlways);
+        const CopyMechanism mechanism = task.mechanism;
+        task.mechanism = CopyMechanism::kDirect;
+        ForEachPiece(task, layer, kv, 0, task.total_tokens,
+                     [&](const CopyPiece& p) { direct.push_back(p); });
+        task.mechanism = mechanism;
+        ASSERT_EQ(always.size(), direct.size());
+        for (size_t i = 0; i < always.size(); ++i) {
+          EXPECT_EQ(always[i].host, direct[i].host);
+          EXPECT_EQ(always[i].device, direct[i].device);
+          EXPECT_EQ(always[i].bytes, direct[i].bytes);
+        }
+      }
+    }
+  }
+}
+
 // LayerPieces is what the GPU copy-engine path hands to cudaMemcpyBatchAsync
 // (one batch per layer): applied with memcpy here, the pieces must move
 // exactly the reference bytes; DIRECT pieces must be maximal, KERNEL pieces
