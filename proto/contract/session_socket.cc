@@ -61,7 +61,7 @@ SessionMessage NewSessionMessage(SessionMessageKind kind,
   m.kind = static_cast<uint32_t>(kind);
   m.pid = static_cast<uint32_t>(getpid());
   const size_t n = std::min(client_name.size(), sizeof(m.client_name) - 1);
-  std::memcpy(m.client_name, client_name.data(), n);
+  if (n > 0) std::memcpy(m.client_name, client_name.data(), n);
   return m;
 }
 
