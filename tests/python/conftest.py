@@ -63,10 +63,12 @@ class Daemon:
         self.process.kill()
         self.process.wait()
 
-    def restart(self):
-        """A new hostkvd with the same flags on the same socket."""
+    def restart(self, *flags):
+        """A new hostkvd with the same flags (and `flags`) on the same socket:
+        it adopts the state the previous one left, unless a flag is
+        --discard_state."""
         assert self.process.poll() is not None, "the daemon still runs"
-        self.process = subprocess.Popen(self._args)
+        self.process = subprocess.Popen(self._args + list(flags))
         self._wait_ready(self._tcp, self._token)
 
     def _wait_ready(self, tcp, token):

@@ -1,7 +1,8 @@
 """While hostkvd is away (README "While hostkvd is away"): a real daemon
-SIGKILLed and started again on the same socket, without its state (issue
-21's first part: engines degrade instead of crashing, and say once, naming
-the cause, that the state is gone).
+SIGKILLed and started again on the same socket without its state
+(--discard_state): engines degrade instead of crashing, and say once, naming
+the cause, that the state is gone. With the state kept, sessions resume:
+test_session_resume.py.
 
 Modelled on SGLang's HiCacheController at sgl-project/sglang @001067ff
 (tests/python/sglang_standin/srt/managers/cache_controller.py): the
@@ -39,7 +40,7 @@ def test_a_call_waits_for_the_daemon_then_fails_clearly(restartable):
     assert "reconnect_timeout=1.5" in e.value.message and restartable.target in e.value.message
     assert c.daemon_away
     # Back, but without the session: the cause, once per call, at once.
-    restartable.restart()
+    restartable.restart("--discard_state")
     with pytest.raises(hostkv.errors.SessionLost) as lost:
         c.alloc("away", 4)
     assert "came back without this session" in lost.value.message
@@ -78,7 +79,7 @@ def test_the_sglang_host_pool_degrades_while_the_daemon_is_away(restartable):
         assert host.alloc(4) is None
     # A daemon without the old state: the host pool says so once it answers
     # (at its next ask), naming the cause, instead of hanging.
-    restartable.restart()
+    restartable.restart("--discard_state")
     time.sleep(0.6)
     with pytest.raises(hostkv.errors.SessionLost) as lost:
         host.alloc(4)
@@ -103,7 +104,7 @@ def test_storage_answers_misses_and_reconnects(restartable):
     assert storage.batch_set_v1(keys, indices) == [False] * 4
     assert storage.batch_get_v1(keys, indices) == [False] * 4
     assert time.monotonic() - start < 2.0            # misses come at once
-    restartable.restart()
+    restartable.restart("--discard_state")
     time.sleep(1.1)  # the storage asks again at most once a second
     # A new session and pool on the new daemon: empty, then stored again.
     assert storage.batch_exists(keys) == 0

@@ -21,6 +21,7 @@ from . import errors
 
 _log = logging.getLogger("hostkv")
 _SESSION_GONE = "no open session with this id"
+_AWAITS_RESUME = "awaits its resume"
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 1.0
 
@@ -28,9 +29,12 @@ _MAX_DELAY = 1.0
 class DaemonContact:
     """Thread-safe."""
 
-    def __init__(self, target, reconnect_timeout):
+    def __init__(self, target, reconnect_timeout, resume=None):
         self.target = target
         self.reconnect_timeout = max(0.0, float(reconnect_timeout))
+        # resume(): resumes the session with a daemon that adopted its
+        # predecessor's state (Client._resume); None: no resume.
+        self.resume = resume
         self._lock = threading.Lock()
         self._away_since = None  # time.monotonic() of the first failure
         self._away_reason = ""
@@ -90,7 +94,10 @@ class DaemonContact:
         while True:
             try:
                 result = fn()
-            except errors.Unavailable as e:
+            except (errors.Unavailable, errors.Cancelled) as e:
+                # A daemon shutting down (SIGTERM, --takeover) cancels the calls
+                # that reach it after its last handler ran: they did nothing,
+                # and this client never cancels its own calls.
                 self.mark_away(e.message or "unavailable")
                 if not wait or self.reconnect_timeout <= 0:
                     raise
@@ -106,6 +113,13 @@ class DaemonContact:
                 delay = min(delay * 2, _MAX_DELAY)
                 continue
             except errors.NotFound as e:
+                if _AWAITS_RESUME in e.message and self.resume is not None:
+                    try:
+                        self.resume()
+                    except errors.NotFound as gone:
+                        raise errors.SessionLost(self._lose(gone.message)) from None
+                    self._mark_back()
+                    continue
                 if _SESSION_GONE in e.message:
                     raise errors.SessionLost(self._lose(e.message)) from None
                 self._mark_back()

@@ -16,6 +16,7 @@ PROTOCOL_VERSION = 2
 SUFFIX = ".session"
 SESSION_ID_BYTES = 16
 KIND_OPEN, KIND_ATTACH, KIND_PASS_FD, KIND_FETCH_KV_WORD, KIND_FETCH_POOL_SEGMENT = 1, 2, 3, 4, 5
+KIND_RESUME = 6  # after a daemon restart: the session's secret in session_id
 
 # SessionMessage {u32 magic, version, kind, pid; u8 session_id[16];
 #                 char client_name[216]; u64 import_id}

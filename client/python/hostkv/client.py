@@ -23,11 +23,12 @@ import select
 import stat
 import sys
 import threading
+import time
 import weakref
 
 import grpc
 
-from . import _daemon_contact, _session_socket, _signals, errors, pool_mapping
+from . import _daemon_contact, _resume, _session_socket, _signals, errors, pool_mapping
 from .cache_calls import CacheCalls
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
@@ -57,6 +58,11 @@ class Operation:
     bytes: int = 0
     # CUDA imports with GPU signals: each layer's signal word takes this value.
     signal_value: int = 0
+    # The session's resumes before it was submitted; an operation of an
+    # earlier daemon is submitted again by wait/wait_layer (its request).
+    generation: int = 0
+    request: object = dataclasses.field(default=None, compare=False, repr=False)
+    method: str = dataclasses.field(default="", compare=False, repr=False)
 
 
 # Clients still open at interpreter exit are closed while threads still run
@@ -122,10 +128,16 @@ class Client(CacheCalls):
         self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
         self.session_id = b""
         self.session_number = 0
+        self._records = _resume.SessionRecords()
+        self._resume_lock = threading.Lock()
         self._contact = _daemon_contact.DaemonContact(target,
                                                       _reconnect_timeout(reconnect_timeout))
         name = client_name.encode("utf-8")
+        self._client_name_bytes = name
         unix_socket = target.startswith("unix:")
+        self._socket_path = target[5:] if unix_socket else None
+        if unix_socket:
+            self._contact.resume = self._resume_session
         if unix_socket:
             path = target[5:]
             try:
@@ -186,6 +198,7 @@ class Client(CacheCalls):
             os.close(reply.fd)
         self.session_id = bytes(reply.session_id)
         self.session_number = reply.session_number
+        self._records.segments[0] = self._signals
         with self._lock:
             self._socket = sock
             self._open = True
@@ -299,6 +312,7 @@ class Client(CacheCalls):
         if getattr(self, "_channel", None) is not None:
             self._channel.close()
             self._channel = None
+        self._records.close()
         if error is not None:
             raise error
 
@@ -426,11 +440,14 @@ class Client(CacheCalls):
             k_buffers=list(k), v_buffers=list(v))
         if gpu_signals is not None:
             request.gpu_signals.CopyFrom(gpu_signals)
-        return self._call(self._stub.RegisterDeviceBuffers, request).import_id
+        import_id = self._call(self._stub.RegisterDeviceBuffers, request).import_id
+        self._records.keep_import(import_id, request)
+        return import_id
 
     def unregister_device_buffers(self, import_id):
         self._call(self._stub.UnregisterDeviceBuffers, pb.UnregisterDeviceBuffersRequest(
             session_id=self.session_id, import_id=import_id))
+        self._records.forget_import(import_id)
 
     unregister = unregister_device_buffers
 
@@ -449,6 +466,7 @@ class Client(CacheCalls):
                 self._socket, _session_socket.message(_session_socket.KIND_PASS_FD), fd)
         if reply.fd >= 0:
             os.close(reply.fd)
+        self._records.keep_passed(reply.value, fd)
         return reply.value
 
     def fetch_kv_word(self, import_id):
@@ -520,17 +538,24 @@ class Client(CacheCalls):
     def _transfer(self, method, pool, import_id, host_pages, device_slots, layer_begin=0,
                   layer_end=0, mechanism=pb.MECHANISM_UNSPECIFIED, wait_kv_written=0,
                   signal_value=0, gpu_waits_only=False):
-        response = self._call(method, pb.TransferRequest(
+        request = pb.TransferRequest(
             session_id=self.session_id, pool=pool, import_id=import_id,
             host_page_pairs=_pairs(host_pages), device_slot_pairs=_pairs(device_slots),
             layer_begin=layer_begin, layer_end=layer_end, mechanism=mechanism,
             wait_kv_written=wait_kv_written, signal_value=signal_value,
-            gpu_waits_only=gpu_waits_only))
+            gpu_waits_only=gpu_waits_only)
+        return self._submit("Load" if method == self._stub.Load else "Backup", request)
+
+    def _submit(self, method_name, request):
+        generation = self._records.generation
+        response = self._call(getattr(self._stub, method_name), request)
         if response.signal_index >= self._signals.slots:
             raise errors.Internal("the daemon returned a signal index out of range")
+        # Submitted before a resume that happened meanwhile: its record is of
+        # the daemon before (wait_layer submits it again).
         return Operation(response.op_id, response.signal_index, response.layer_begin,
                          response.num_layers, response.num_tokens, response.bytes,
-                         response.signal_value)
+                         response.signal_value, generation, request, method_name)
 
     def wait_layer(self, op, layer, timeout=60.0):
         """Blocks until layer `layer` (absolute) of `op` is copied, without
@@ -543,8 +568,117 @@ class Client(CacheCalls):
             raise errors.InvalidArgument(
                 f"operation {op.op_id} covers layers [{op.layer_begin}, "
                 f"{op.layer_begin + op.num_layers}), not {layer}")
-        self._signals.wait_for_layers(op.signal_index, op.op_id,
-                                      layer - op.layer_begin + 1, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            if op.generation != self._records.generation and self._finished_before(op, layer):
+                return
+            op = self._current(op)
+            signals = self._signals
+            left = deadline - time.monotonic()
+            try:
+                # In slices: a daemon that died mid-operation never completes
+                # it; the session socket's hang-up says so.
+                signals.wait_for_layers(op.signal_index, op.op_id,
+                                        layer - op.layer_begin + 1, min(left, 0.2))
+                return
+            except errors.DeadlineExceeded:
+                if time.monotonic() >= deadline:
+                    raise
+                if op.generation == self._records.generation and not self._hung_up():
+                    continue
+                # The daemon went away: wait for the next one (a call resumes
+                # the session), then submit the operation again.
+                self._call(self._stub.RenewSession,
+                           pb.RenewSessionRequest(session_id=self.session_id))
+
+    def _finished_before(self, op, layer):
+        """Whether `op`, of an earlier daemon, had copied `layer` before that
+        daemon went: then it is not submitted again (the engine may have
+        reused the buffers since)."""
+        signals = self._records.segments.get(op.generation)
+        if signals is None:
+            return False
+        try:
+            signals.wait_for_layers(op.signal_index, op.op_id, layer - op.layer_begin + 1, 0)
+            return True
+        except errors.HostKVError:
+            return False
+
+    def _current(self, op):
+        """`op`, or what was submitted again for it after resumes."""
+        while op.generation != self._records.generation:
+            if op.request is None:
+                raise errors.Aborted(
+                    f"operation {op.op_id} was in flight when hostkvd restarted")
+            replacement = self._records.replacement(op)
+            if replacement is None:
+                replacement = self._submit(op.method, op.request)
+                self._records.replace(op, replacement)
+            op = replacement
+        return op
+
+    def _hung_up(self):
+        with self._lock:
+            sock = self._socket
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                   for _, ev in poller.poll(0))
+
+    def _resume_session(self):
+        """Resumes the session with a daemon that adopted its predecessor's
+        state: a new session socket and signal records, the descriptors
+        passed and the imports registered again with their ids. NotFound if
+        the daemon does not have the session."""
+        seen = self._records.generation
+        with self._resume_lock:
+            if self._records.generation != seen:
+                return  # another thread did
+            sock = _session_socket.connect(self._socket_path)
+            try:
+                reply = _session_socket.exchange(sock, _session_socket.message(
+                    _session_socket.KIND_RESUME, client_name=self._client_name_bytes,
+                    session_id=self.session_id))
+                if reply.fd < 0:
+                    raise errors.Internal("the daemon sent no signal segment")
+                try:
+                    signals = _signals.SignalSegment(reply.fd, reply.signal_slots)
+                finally:
+                    os.close(reply.fd)
+                passed = self._records.passed()
+                for handle, fd in passed.items():
+                    _session_socket.exchange(sock, _session_socket.message(
+                        _session_socket.KIND_PASS_FD, import_id=handle), fd)
+            except BaseException:
+                sock.close()
+                raise
+            with self._lock:
+                old, self._socket = self._socket, sock
+            self._signals = signals
+            self._records.segments[self._records.generation + 1] = signals
+            if old is not None:
+                old.close()
+            imports = self._records.imports()
+            for import_id, request in imports.items():
+                request.import_id = import_id
+                self._call_once(self._stub.RegisterDeviceBuffers, request)
+            self._records.generation += 1
+            with self._lock:
+                rearm = bool(self._on_lost) and self._watcher is not None
+            if rearm:
+                self._stop_watching()
+                with self._lock:
+                    self._watch_wake = os.pipe2(os.O_CLOEXEC)
+                    self._watcher = threading.Thread(
+                        target=self._watch, args=(sock.fileno(), self._watch_wake[0]),
+                        name="hostkv-watch", daemon=True)
+                    self._watcher.start()
+            logging.getLogger("hostkv").warning(
+                "hostkv: session %d resumed with hostkvd at %s after its restart: "
+                "%d descriptors passed and %d imports registered again",
+                self.session_number, self._contact.target, len(passed), len(imports))
 
     def wait(self, op, timeout=60.0):
         """Blocks until every layer of `op` is copied."""
