@@ -108,8 +108,14 @@ class Client(CacheCalls):
     Once connected, a call that finds the daemon gone waits for it up to
     `reconnect_timeout` seconds (default 30, HOSTKV_RECONNECT_TIMEOUT; 0:
     no wait), then raises errors.DaemonUnavailable; `daemon_away` says
-    whether the last contact failed. A daemon that comes back without this
-    session raises errors.SessionLost, from then on for every call.
+    whether the last contact failed. A daemon that adopted its
+    predecessor's state (README "Restarts and upgrades") gets the session
+    resumed (unix: targets): its pages are as they were, its descriptors
+    and imports are passed and registered again under the same ids, and
+    wait/wait_layer submit again the loads and backups that had not
+    finished. What does not survive: references on cached pages (look the
+    keys up again) and fetched KV words. A daemon that comes back without
+    this session raises errors.SessionLost, from then on for every call.
     """
 
     def __init__(self, target=DEFAULT_TARGET, client_name="python", auth_token=None,
