@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,11 +67,18 @@ absl::Status Spawn(const std::string& path, absl::Duration keep_for,
   if (child == 0) {
     setsid();
     if (fork() != 0) _exit(0);
-    // Nothing of the daemon's but stdio: the instance lock above all.
+    // Nothing of the daemon's but its log: the instance lock above all.
     close_range(3, ~0u, 0);
-    const int null = open("/dev/null", O_RDONLY);
+    const int null = open("/dev/null", O_RDWR);
     if (null >= 0) {
       dup2(null, 0);
+      dup2(null, 1);
+      // A pipe (a caller capturing the daemon's output, a container
+      // runtime) would stay open as long as the keeper lives, and whoever
+      // reads it would wait for the keeper: its few lines go nowhere then.
+      // A file, a terminal or the journal's socket keeps them.
+      struct stat err {};
+      if (fstat(2, &err) == 0 && S_ISFIFO(err.st_mode)) dup2(null, 2);
       close(null);
     }
     execv("/proc/self/exe", argv.data());
