@@ -36,4 +36,11 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
         << hostkv_s_;                                                 \
   } while (0)
 
+// ASSIGN_OR_FAIL(x, expr): x = the value of StatusOr `expr`, or the test
+// fails here (a fatal assertion: use in functions returning void).
+#define ASSIGN_OR_FAIL(lhs, expr)                  \
+  auto lhs##_or = (expr);                          \
+  ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status(); \
+  auto lhs = *std::move(lhs##_or)
+
 #endif  // HOSTKV_TESTS_TESTING_STATUS_MATCHERS_H_

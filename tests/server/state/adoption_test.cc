@@ -22,10 +22,6 @@
 #include "server/state/state_keeper.h"
 #include "tests/testing/status_matchers.h"
 
-#define ASSIGN_OR_FAIL(lhs, expr)                  \
-  auto lhs##_or = (expr);                          \
-  ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status(); \
-  auto lhs = *std::move(lhs##_or)
 
 namespace hostkv {
 namespace {

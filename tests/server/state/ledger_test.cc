@@ -14,11 +14,6 @@
 #include "server/state/pool_ledger.h"
 #include "tests/testing/status_matchers.h"
 
-// `lhs` = the value of StatusOr `expr`, or the test fails here.
-#define ASSIGN_OR_FAIL(lhs, expr)                      \
-  auto lhs##_or = (expr);                              \
-  ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status();     \
-  auto lhs = *std::move(lhs##_or)
 
 namespace hostkv {
 namespace {
