@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
+#include "client/daemon_target.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
@@ -90,9 +91,11 @@ std::vector<PageRange> ToPageRanges(
   return pages;
 }
 
-absl::StatusOr<bool> CheckHealth(const std::string& target,
+absl::StatusOr<bool> CheckHealth(const std::string& given_target,
                                  const std::string& service,
                                  const ConnectOptions& options) {
+  ASSIGN_OR_RETURN(const std::string target, ResolveDaemonTarget(given_target));
+  if (absl::StartsWith(target, "unix:")) RETURN_IF_ERROR(CheckDaemonSocket(target.substr(5)));
   auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
@@ -119,16 +122,12 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() { Close().IgnoreError(); }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const std::string& target, const std::string& client_name,
+    const std::string& given_target, const std::string& client_name,
     const ConnectOptions& options) {
+  ASSIGN_OR_RETURN(const std::string resolved, ResolveDaemonTarget(given_target));
+  const std::string& target = resolved;
   const bool unix_socket = absl::StartsWith(target, "unix:");
-  if (unix_socket) {
-    struct stat st;
-    if (stat(target.c_str() + 5, &st) != 0 || !S_ISSOCK(st.st_mode)) {
-      return absl::UnavailableError(absl::StrCat(
-          "no hostkvd socket at ", target.substr(5), " (is hostkvd running?)"));
-    }
-  }
+  if (unix_socket) RETURN_IF_ERROR(CheckDaemonSocket(target.substr(5)));
   if (client_name.size() >= sizeof(SessionMessage::client_name)) {
     return absl::InvalidArgumentError("client_name is longer than 200 bytes");
   }

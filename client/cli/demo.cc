@@ -65,7 +65,10 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 int RunDemo(Client& client, const DemoOptions& o) {
   absl::StatusOr<v1::PoolSpec> spec = MakeSpec(o);
   if (!spec.ok()) return Fail("pool spec", spec.status());
-  absl::StatusOr<v1::Pool> pool = client.CreatePool(*spec);
+  // The pool goes with the demo's session even if the demo is killed, so a
+  // second demo with another geometry finds the name free.
+  absl::StatusOr<v1::Pool> pool = client.CreatePool(
+      *spec, /*attach_if_exists=*/true, /*delete_with_session=*/true);
   if (!pool.ok()) return Fail("CreatePool", pool.status());
   const uint32_t planes = pool->v_offset() != 0 ? 2 : 1;
   const uint64_t stride = pool->token_stride();
@@ -164,6 +167,11 @@ int RunDemo(Client& client, const DemoOptions& o) {
   }
   std::printf("freed %llu pages, unregistered the device buffers\n",
               static_cast<unsigned long long>(*freed));
+  if (absl::Status s = client.DeletePool(o.pool); s.ok()) {
+    std::printf("deleted pool '%s'\n", o.pool.c_str());
+  } else {  // e.g. another session still uses it: not the demo's failure
+    std::printf("pool '%s' kept: %s\n", o.pool.c_str(), s.ToString().c_str());
+  }
   if (wrong != 0) {
     std::printf("FAILED: %llu of %llu bytes differ\n",
                 static_cast<unsigned long long>(wrong),

@@ -159,6 +159,18 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
   return out;
 }
 
+void DropSession(uint32_t session_number, v1::GetPoolStatsResponse* stats) {
+  auto* sessions = stats->mutable_sessions();
+  for (int i = 0; i < sessions->size(); ++i) {
+    if (sessions->Get(i).session_number() != session_number) continue;
+    sessions->DeleteSubrange(i, 1);
+    if (stats->open_sessions() > 0) {
+      stats->set_open_sessions(stats->open_sessions() - 1);
+    }
+    return;
+  }
+}
+
 namespace {
 
 // "daemon", "unverified" or "uid N", and "+session N" for a pool that goes

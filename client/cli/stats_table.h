@@ -12,6 +12,10 @@
 namespace hostkv {
 
 std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats);
+
+// Removes session `session_number` (the CLI's own) from `stats`: its row and
+// its count in open_sessions.
+void DropSession(uint32_t session_number, v1::GetPoolStatsResponse* stats);
 std::string FormatPools(const std::vector<v1::Pool>& pools);
 
 // A cache key given in hex on the command line, as bytes. InvalidArgument

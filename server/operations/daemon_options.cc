@@ -14,10 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
 #include "server/operations/byte_size.h"
+#include "server/operations/flag_sources.h"
 #include "server/operations/secret_file.h"
 #include "server/operations/logging.h"
 #include "server/operations/tier_flags.h"
 #include "server/pool/pool_access.h"
+#include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/hostkv/hostkvd.sock",
           "gRPC address: unix:PATH (default; the socket gets --socket_mode and "
@@ -29,7 +31,7 @@ ABSL_FLAG(std::string, socket_group, "",
           "group of the Unix sockets (default: the daemon's)");
 ABSL_FLAG(absl::Duration, session_lease, absl::Seconds(30),
           "a session without an attached session socket ends after this long "
-          "without a request");
+          "without a request (a duration such as 30s)");
 ABSL_FLAG(bool, allow_unverified_shm_names, false,
           "let sessions whose peer is unknown (no session socket, e.g. TCP) "
           "register shared-memory buffers by name; only for trusted "
@@ -341,8 +343,21 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
   return ReadCacheOptions(o);
 }
 
+// Whether HOST:PORT names a loopback interface (127.0.0.0/8, ::1, localhost).
+bool IsLoopback(const std::string& host_port) {
+  const std::string host = host_port.substr(0, host_port.rfind(':'));
+  return absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]";
+}
+
 absl::Status ResolveAddress(DaemonOptions& o) {
   const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (!absl::StartsWith(listen, "unix:") &&
+      (absl::StartsWith(listen, "/") || absl::StartsWith(listen, ".") ||
+       absl::EndsWith(listen, ".sock"))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", listen, ": a socket path needs the unix: prefix "
+        "(--listen=unix:", listen, "); TCP is tcp:PORT or HOST:PORT"));
+  }
   // "tcp:PORT" means loopback; everything else is used as given.
   o.listen = absl::StartsWith(listen, "tcp:") ? "127.0.0.1:" + listen.substr(4)
                                               : listen;
@@ -361,6 +376,15 @@ absl::Status ResolveAddress(DaemonOptions& o) {
     ASSIGN_OR_RETURN(o.auth_token,
                      ReadSecretFile("auth_token_file", token_file, "a token"));
   }
+  // README's Trust model: over TCP every call carries the token. Loopback
+  // (tcp:PORT) may go without one, with a warning at start, for tests and
+  // single-user machines; another interface may not.
+  if (o.socket_path.empty() && o.auth_token.empty() && !IsLoopback(o.listen)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", listen, " is not loopback: it needs --auth_token_file "
+        "(every TCP call then carries the token); tcp:PORT (127.0.0.1) may go "
+        "without"));
+  }
   o.health.auth_token = o.auth_token;
   o.health.probe_without_token =
       absl::GetFlag(FLAGS_health_probe_without_token);
@@ -372,15 +396,21 @@ absl::Status ResolveAddress(DaemonOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
+absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
   DaemonOptions o;
   RETURN_IF_ERROR(ResolveAddress(o));
   ASSIGN_OR_RETURN(
       o.budget, ByteFlag("memory_budget", absl::GetFlag(FLAGS_memory_budget)));
   ASSIGN_OR_RETURN(o.reserve, ByteFlag("memory_reserve",
                                        absl::GetFlag(FLAGS_memory_reserve)));
+  const uint64_t host_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                              static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (o.budget > host_bytes) {
+    spdlog::warn("--memory_budget {} is more than this host's memory ({}): pools "
+                 "are still refused past the available memory minus "
+                 "--memory_reserve",
+                 FormatBytes(o.budget), FormatBytes(host_bytes));
+  }
   ASSIGN_OR_RETURN(o.limits.max_page_io_bytes,
                    ByteFlag("max_page_io", absl::GetFlag(FLAGS_max_page_io)));
   ASSIGN_OR_RETURN(o.grpc_memory,
@@ -426,6 +456,11 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
   }
   o.gpu.dma_prefer_overlap = absl::GetFlag(FLAGS_dma_prefer_overlap);
   const int threads = absl::GetFlag(FLAGS_copy_threads);
+  if (threads < 0 || threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--copy_threads must be in [0, 1024] (0 = one per core but one), got ",
+        threads));
+  }
   // Copies saturate memory bandwidth with few threads; a core left free keeps
   // the replies and the layer signals from waiting for a CPU.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -455,6 +490,14 @@ absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
         "--state_keep_for must be at least 1s (e.g. 10m)");
   }
   ASSIGN_OR_RETURN(o.tier, ReadTierFlags());
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonOptions> ReadDaemonOptions() {
+  absl::StatusOr<DaemonOptions> o = ReadOptionsFromFlags();
+  if (!o.ok()) return WithFlagOrigin(o.status());
   return o;
 }
 

@@ -113,8 +113,16 @@ absl::StatusOr<ScopedFd> OpenLockFile(int dir_fd, const std::string& lock_path,
           lock_path, " is a symbolic link: hostkvd does not follow one there "
           "(another user may have planted it); remove it"));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
+    const int error = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open ", lock_path, ": ", std::strerror(error),
+        error == EACCES
+            ? absl::StrFormat(" (the lock file or its directory belongs to "
+                              "another user, e.g. a hostkvd run as root "
+                              "before: run hostkvd as that user, chown them "
+                              "to uid %d, or pick another --listen=unix:PATH)",
+                              geteuid())
+            : ""));
   }
   struct stat st;
   if (fstat(fd.get(), &st) != 0) {
@@ -139,14 +147,31 @@ absl::StatusOr<InstanceLock> InstanceLock::Acquire(
   RETURN_IF_ERROR(MakeDirs(place.dir));
   ASSIGN_OR_RETURN(ScopedFd dir_fd, OpenSocketDir(place.dir));
   const std::string lock_path = socket_path + ".lock";
-  ASSIGN_OR_RETURN(ScopedFd fd,
-                   OpenLockFile(dir_fd.get(), lock_path, place.name + ".lock"));
-  if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "another hostkvd already serves ", socket_path, " (", lock_path,
-        " is locked)"));
+  const std::string lock_name = place.name + ".lock";
+  // A daemon that exits removes the file while holding it (~InstanceLock):
+  // a lock taken on a file no longer at the path is taken again.
+  for (int attempt = 0;; ++attempt) {
+    ASSIGN_OR_RETURN(ScopedFd fd, OpenLockFile(dir_fd.get(), lock_path, lock_name));
+    if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "another hostkvd already serves ", socket_path, " (", lock_path,
+          " is locked)"));
+    }
+    struct stat held, named;
+    if (fstat(fd.get(), &held) == 0 &&
+        fstatat(dir_fd.get(), lock_name.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+      return InstanceLock(std::move(dir_fd), lock_name, std::move(fd));
+    }
+    if (attempt == 100) {
+      return absl::UnavailableError(absl::StrCat(
+          lock_path, " keeps being replaced: is another hostkvd starting?"));
+    }
   }
-  return InstanceLock(std::move(fd));
+}
+
+InstanceLock::~InstanceLock() {
+  if (fd_.get() >= 0 && dir_fd_.get() >= 0) unlinkat(dir_fd_.get(), name_.c_str(), 0);
 }
 
 absl::Status SecureSocketPath(const std::string& path, mode_t mode, gid_t gid) {

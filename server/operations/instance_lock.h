@@ -28,8 +28,18 @@ class InstanceLock {
   // hostkvd's euid; or if another daemon holds the lock.
   static absl::StatusOr<InstanceLock> Acquire(const std::string& socket_path);
 
+  // Removes "<socket_path>.lock" (while still holding it), then unlocks. A
+  // daemon that opened the file before the removal finds, once it holds the
+  // lock, that the path no longer names its file, and opens it again.
+  ~InstanceLock();
+  InstanceLock(InstanceLock&&) = default;
+  InstanceLock& operator=(InstanceLock&&) = default;
+
  private:
-  explicit InstanceLock(ScopedFd fd) : fd_(std::move(fd)) {}
+  InstanceLock(ScopedFd dir_fd, std::string name, ScopedFd fd)
+      : dir_fd_(std::move(dir_fd)), name_(std::move(name)), fd_(std::move(fd)) {}
+  ScopedFd dir_fd_;
+  std::string name_;  // of the lock file in dir_fd_
   ScopedFd fd_;
 };
 

@@ -1,9 +1,14 @@
 #include "server/pool/pool_registry.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/contract/status_macros.h"
@@ -104,6 +109,39 @@ void PoolRegistry::Notify(const std::string& name) {
   if (observer) observer(name, serving);
 }
 
+namespace {
+
+// What an ALREADY_EXISTS of CreatePool says about the fields that differ:
+// " with a different spec (existing -> asked: layout: LAYOUT_PAGE_FIRST ->
+// LAYOUT_LAYER_FIRST; ...); delete it first (...) or pick another name".
+std::string SpecDifference(const v1::PoolSpec& existing, const v1::PoolSpec& asked) {
+  std::string report;
+  {
+    google::protobuf::util::MessageDifferencer differ;
+    differ.ReportDifferencesToString(&report);  // written out when `differ` ends
+    differ.Compare(existing, asked);
+  }
+  // report: one line per field, "modified: geometry.mha.num_layers: 4 -> 2".
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (begin < report.size()) {
+    size_t end = report.find('\n', begin);
+    if (end == std::string::npos) end = report.size();
+    std::string line = report.substr(begin, end - begin);
+    begin = end + 1;
+    for (const char* kind : {"modified: ", "added: ", "deleted: "}) {
+      if (absl::StartsWith(line, kind)) line = line.substr(std::strlen(kind));
+    }
+    if (!line.empty()) parts.push_back(line);
+  }
+  return absl::StrCat(" with a different spec (existing -> asked: ",
+                      absl::StrJoin(parts, "; "), "); delete it first (hostkv "
+                      "delete-pool ", asked.name(), ", as its owner or root) or "
+                      "pick another name");
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
     const v1::PoolSpec& spec, bool attach_if_exists, const v1::PoolOwner& owner,
     const Principal& who) {
@@ -119,7 +157,7 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
     }
     return absl::AlreadyExistsError(absl::StrCat(
         "pool '", spec.name(), "' already exists",
-        same ? "" : " with a different spec"));
+        same ? "" : SpecDifference((*existing)->info().spec(), NormalizePoolSpec(spec))));
   }
   const std::string what = absl::StrCat("pool '", spec.name(), "'");
   RETURN_IF_ERROR(CheckQuota(owner, geometry.total_bytes()));
@@ -199,6 +237,7 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Publish(
 absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Get(
     const std::string& name) const {
   absl::MutexLock lock(&mu_);
+  if (name.empty()) return absl::InvalidArgumentError("pool is required (a pool's name)");
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));
@@ -252,6 +291,7 @@ absl::Status PoolRegistry::Delete(const std::string& name,
 
 absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::DeleteLocked(
     const std::string& name, const Principal& who) {
+  if (name.empty()) return absl::InvalidArgumentError("pool is required (a pool's name)");
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("no pool named '", name, "'"));

@@ -106,8 +106,10 @@ absl::Status ResolveLayout(v1::Layout layout, PoolGeometry* g) {
           "layout page_first_kv_split (SGLang's Ascend-only MLA layout) is not "
           "implemented");
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("layout: unknown or unspecified value ", layout));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layout: unknown or unspecified value ", layout,
+          "; one of LAYOUT_LAYER_FIRST, LAYOUT_PAGE_FIRST, "
+          "LAYOUT_PAGE_FIRST_DIRECT, LAYOUT_PAGE_HEAD (MHA only)"));
   }
 }
 

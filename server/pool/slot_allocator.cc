@@ -84,8 +84,8 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
 
 absl::Status SlotAllocator::Exhausted(uint64_t requested) const {
   return absl::ResourceExhaustedError(absl::StrCat(
-      "pool full: ", requested, " pages requested, ",
-      free_pages_ + scrubbing_pages_, " of ", num_pages_, " free"));
+      "pool full: asked for ", requested, " pages, ",
+      free_pages_ + scrubbing_pages_, " of ", num_pages_, " are free"));
 }
 
 void SlotAllocator::Record(uint64_t first, uint64_t count,

@@ -50,8 +50,8 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
   }
   if (MakeRoomLocked(num_pages)) return TakeLocked(num_pages, owner);
   return absl::ResourceExhaustedError(absl::StrCat(
-      Exhausted(num_pages).message(), " after evicting ", evicted.size(),
-      " of the ", missing, " pages missing from the page cache (", pinned,
+      Exhausted(num_pages).message(), "; of the ", missing,
+      " missing the page cache could evict ", evicted.size(), " (", pinned,
       " of them still read by copies in flight); ", cached_pages_,
       " pages stay cached"));
 }

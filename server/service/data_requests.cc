@@ -71,6 +71,8 @@ absl::StatusOr<v1::FreeResponse> RequestHandler::Free(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_->Get(request.session_id()));
   ASSIGN_OR_RETURN(std::shared_ptr<HostPool> pool, pools_->Get(request.pool()));
+  // Freeing nothing (e.g. every page of a publish was cached) is a no-op.
+  if (request.pages_size() == 0) return v1::FreeResponse();
   ASSIGN_OR_RETURN(std::vector<PageRun> runs, ToPageRuns(request.pages()));
   ASSIGN_OR_RETURN(uint64_t freed, pool->allocator().Free(runs, session->tag()));
   v1::FreeResponse response;

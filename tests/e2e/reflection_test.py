@@ -124,14 +124,10 @@ def main():
 
         stats = reflector.unary(channel, "hostkv.v1.HostKV", "GetPoolStats", "{}")
         print("GetPoolStats:", json.dumps(stats))
-        pool = stats["pools"][0]
-        assert pool["name"] == "demo"
-        # The demo pool: 4096 tokens, page_size 16 -> (4096 // 16 + 1) pages.
-        assert pool["capacityPages"] == "257", pool
-        assert pool["freePages"] == "257", pool
-        assert pool.get("usedPages", "0") == "0", pool
-        assert pool["loads"] == "1" and pool["backups"] == "1", pool
-        assert pool["layout"] == "LAYOUT_PAGE_FIRST", pool
+        # The demo deletes its pool when it ends (a second demo of another
+        # geometry then finds the name free).
+        assert "demo" not in [p["name"] for p in stats.get("pools", [])], stats
+        assert "deleted pool 'demo'" in demo.stdout
 
         # The page cache as an operator drives it with grpcurl: a session
         # (unverified: no session socket) publishes a page, closes, and the

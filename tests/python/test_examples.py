@@ -36,11 +36,10 @@ def test_warm_restart_demo(daemon):
     assert not any("MISMATCH" in line for line in lines)
 
 
-def test_warm_restart_demo_finds_the_quickstarts_socket(daemon):
-    """Without an argument the demo takes $HOSTKV_SOCKET, as README's command
+def test_warm_restart_demo_finds_the_daemon_in_hostkv_target(daemon):
+    """Without an argument the demo takes $HOSTKV_TARGET, as README's command
     (with the quickstart's daemon) runs it."""
-    env = dict(os.environ, HOSTKV_SOCKET=daemon.target[len("unix:"):])
-    env.pop("HOSTKV_TARGET", None)
+    env = dict(os.environ, HOSTKV_TARGET=daemon.target)
     out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "warm_restart_demo.py")],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr

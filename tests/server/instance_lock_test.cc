@@ -1,10 +1,13 @@
 #include "server/operations/instance_lock.h"
 
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <fcntl.h>
 
 #include <climits>
 #include <cstring>
@@ -81,6 +84,33 @@ TEST_F(InstanceLockTest, CreatesMissingDirectoriesAndLocksOnce) {
   EXPECT_ERROR(FailedPrecondition, second);
   EXPECT_NE(std::string::npos,
             second.status().message().find("another hostkvd already serves"));
+}
+
+TEST_F(InstanceLockTest, ReleasingRemovesTheLockFileAndTheNextDaemonLocks) {
+  const std::string sock = Path("x.sock");
+  {
+    absl::StatusOr<InstanceLock> lock = InstanceLock::Acquire(sock);
+    ASSERT_OK(lock);
+    EXPECT_TRUE(std::filesystem::exists(sock + ".lock"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(sock + ".lock"));  // a clean exit
+  absl::StatusOr<InstanceLock> next = InstanceLock::Acquire(sock);
+  ASSERT_OK(next);
+  EXPECT_ERROR(FailedPrecondition, InstanceLock::Acquire(sock));
+}
+
+TEST_F(InstanceLockTest, LockOnARemovedFileIsNotALock) {
+  // A daemon that opened the lock file just before its holder removed it
+  // and unlocked must not serve beside the next one.
+  const std::string sock = Path("x.sock");
+  const int stale = open((sock + ".lock").c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(stale, 0);
+  ASSERT_EQ(0, unlink((sock + ".lock").c_str()));
+  ASSERT_EQ(0, flock(stale, LOCK_EX | LOCK_NB));  // held on the removed file
+  absl::StatusOr<InstanceLock> lock = InstanceLock::Acquire(sock);
+  EXPECT_OK(lock);  // the path's new file is the lock
+  EXPECT_ERROR(FailedPrecondition, InstanceLock::Acquire(sock));
+  close(stale);
 }
 
 TEST_F(InstanceLockTest, MkdtempDirectoryIsAccepted) {

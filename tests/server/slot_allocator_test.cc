@@ -52,7 +52,7 @@ TEST_F(SlotAllocatorTest, FullPoolIsResourceExhaustedAndNamesTheFreeCount) {
   Alloc(95, kAlice);
   absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(6, kBob);
   EXPECT_ERROR(ResourceExhausted, runs);
-  EXPECT_NE(std::string::npos, runs.status().message().find("5 of 100 free"));
+  EXPECT_NE(std::string::npos, runs.status().message().find("5 of 100 are free"));
   EXPECT_EQ(5u, alloc_.free_pages());  // nothing taken
 }
 
@@ -244,7 +244,7 @@ TEST_F(ScrubbingAllocatorTest, ExhaustionCountsScrubbingPagesAndIsExact) {
   ASSERT_OK(alloc_.Free({{0, 3}}, kAlice));  // 5 free + 3 scrubbing
   absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(9, kBob);
   EXPECT_ERROR(ResourceExhausted, runs);
-  EXPECT_EQ("pool full: 9 pages requested, 8 of 100 free",
+  EXPECT_EQ("pool full: asked for 9 pages, 8 of 100 are free",
             runs.status().message());
   EXPECT_TRUE(Scrubbed().empty());  // nothing zeroed for a refused request
   EXPECT_EQ(8u, alloc_.free_pages());
@@ -579,9 +579,9 @@ TEST_F(SlotAllocatorTest, AllocateWithAnEvictorStillShortIsExhausted) {
   EXPECT_ERROR(ResourceExhausted, runs);
   EXPECT_EQ((std::vector<uint64_t>{3}), evictor.asked);
   EXPECT_EQ(
-      "pool full: 5 pages requested, 3 of 100 free after evicting 2 of the 3 "
-      "pages missing from the page cache (1 of them still read by copies in "
-      "flight); 9 pages stay cached",
+      "pool full: asked for 5 pages, 3 of 100 are free; of the 3 missing the "
+      "page cache could evict 2 (1 of them still read by copies in flight); 9 "
+      "pages stay cached",
       runs.status().message());
   // What was evicted stays freed (page 4 once unpinned); nothing was taken.
   EXPECT_EQ(3u, alloc_.free_pages());
@@ -591,7 +591,7 @@ TEST_F(SlotAllocatorTest, AllocateWithAnEvictorStillShortIsExhausted) {
   EXPECT_EQ(8u, alloc_.cached_pages());
   // With no evictor the behaviour (and message) is the old one.
   runs = alloc_.Allocate(5, kBob);
-  EXPECT_EQ("pool full: 5 pages requested, 4 of 100 free",
+  EXPECT_EQ("pool full: asked for 5 pages, 4 of 100 are free",
             runs.status().message());
 }
 

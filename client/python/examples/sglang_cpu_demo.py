@@ -1,6 +1,6 @@
 """SGLang's host pool on hostkvd, on the CPU backend, bytes verified.
 
-    python3 client/python/examples/sglang_cpu_demo.py [TARGET]
+    build/venv/bin/python client/python/examples/sglang_cpu_demo.py [TARGET]
 
 Does what HiCache's controller does with its host pool: alloc host slots,
 back a request's KV up from the device pool (all layers, one call), then
@@ -16,8 +16,7 @@ import torch
 from hostkv.sglang import RemoteMHATokenToKVPoolHost
 from hostkv.sglang.cpu_device_pool import CpuMHATokenToKVPool
 
-target = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
-    "HOSTKV_TARGET", "unix:/run/hostkv/hostkvd.sock")
+target = sys.argv[1] if len(sys.argv) > 1 else None  # None: $HOSTKV_TARGET
 layers, page = 4, 16
 device = CpuMHATokenToKVPool(size=1024, page_size=page, head_num=8, head_dim=128,
                              layer_num=layers, dtype=torch.bfloat16)

@@ -1,6 +1,6 @@
 """Two hostkvd daemons ("two nodes") sharing one Redis as their storage tier.
 
-    python3 client/python/examples/two_node_demo.py [--hostkvd PATH] [--redis URL]
+    build/venv/bin/python client/python/examples/two_node_demo.py [--hostkvd PATH] [--redis URL]
 
 Starts a redis-server on a Unix socket of its own (unless --redis names one,
 e.g. redis://10.0.0.5:6379), and two hostkvd daemons, each with its own
@@ -11,8 +11,8 @@ whose host memory has never seen them, looks the keys up: node B brings the
 pages from Redis into its own free pages before answering, and the engine
 reads them back byte-exact. Everything it starts is stopped at the end.
 
-hostkvd defaults to $HOSTKVD, else build-release/server/hostkvd, else
-build-dev/server/hostkvd; redis-server must be on PATH (Debian's
+hostkvd defaults to $HOSTKVD, else build/server/hostkvd (the quickstart's
+and the test suite's build); redis-server must be on PATH (Debian's
 redis-server package) unless --redis is given.
 """
 import argparse
@@ -35,8 +35,7 @@ POOL, NAMESPACE = "two-node-demo", "demo-org/demo-model/tp0-1/p16"
 
 
 def find_hostkvd():
-    for path in (os.environ.get("HOSTKVD"), "build-release/server/hostkvd",
-                 "build-dev/server/hostkvd"):
+    for path in (os.environ.get("HOSTKVD"), "build/server/hostkvd"):
         if path and os.access(path, os.X_OK):
             return path
     sys.exit("hostkvd not found: pass --hostkvd or set HOSTKVD")

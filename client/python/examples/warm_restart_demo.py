@@ -1,9 +1,8 @@
 """A warm restart through hostkvd's page cache, on the CPU backend.
 
-    python3 client/python/examples/warm_restart_demo.py [TARGET]
+    build/venv/bin/python client/python/examples/warm_restart_demo.py [TARGET]
 
-TARGET defaults to $HOSTKV_TARGET, else unix:$HOSTKV_SOCKET (as the
-quickstart takes it), else unix:/run/hostkv/hostkvd.sock.
+TARGET defaults to $HOSTKV_TARGET, else unix:/run/hostkv/hostkvd.sock.
 
 Engine 1 (a child process) computes a prompt's KV, backs it up to host
 pages and publishes them under SGLang's page keys through HostkvStorage
@@ -25,6 +24,7 @@ from typing import Optional
 
 import torch
 
+import hostkv
 from hostkv.sglang import HostkvStorage, RemoteMHATokenToKVPoolHost
 from hostkv.sglang.cpu_device_pool import CpuMHATokenToKVPool
 
@@ -123,7 +123,7 @@ def main():
         engine_one(sys.argv[2])
         return
     target = (sys.argv[1] if len(sys.argv) > 1 else os.environ.get("HOSTKV_TARGET")
-              or "unix:" + os.environ.get("HOSTKV_SOCKET", "/run/hostkv/hostkvd.sock"))
+              or hostkv.DEFAULT_TARGET)
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine-one",
                               target], stdout=subprocess.PIPE, text=True)
     try:

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 import select
-import stat
 import sys
 import threading
 import time
@@ -28,12 +27,12 @@ import weakref
 
 import grpc
 
-from . import _daemon_contact, _resume, _session_socket, _signals, errors, pool_mapping
+from . import _daemon_contact, _resume, _session_socket, _signals, _target, errors, pool_mapping
 from .cache_calls import CacheCalls
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
 
-DEFAULT_TARGET = "unix:/run/hostkv/hostkvd.sock"
+DEFAULT_TARGET = _target.DEFAULT_TARGET
 _CALL_TIMEOUT = 60.0
 _MAX_MESSAGE = 256 << 20
 # How long calls wait for a daemon that does not answer (README "While
@@ -95,7 +94,8 @@ def _pairs(runs):
 
 
 class Client(CacheCalls):
-    """A session with hostkvd at `target` ("unix:PATH" or "HOST:PORT").
+    """A session with hostkvd at `target` ("unix:PATH", "HOST:PORT" or
+    "tcp:PORT"; None: $HOSTKV_TARGET, else unix:/run/hostkv/hostkvd.sock).
 
     On a unix: target the session is opened over the session socket, bound
     to this process's uid, and ends by itself if this process dies; over
@@ -118,7 +118,7 @@ class Client(CacheCalls):
     this session raises errors.SessionLost, from then on for every call.
     """
 
-    def __init__(self, target=DEFAULT_TARGET, client_name="python", auth_token=None,
+    def __init__(self, target=None, client_name="python", auth_token=None,
                  connect_timeout=5.0, reconnect_timeout=None):
         self._lock = threading.Lock()  # guards _socket and _open
         self._socket = None
@@ -136,6 +136,7 @@ class Client(CacheCalls):
         self.session_number = 0
         self._records = _resume.SessionRecords()
         self._resume_lock = threading.Lock()
+        target = _target.resolve(target)
         self._contact = _daemon_contact.DaemonContact(target,
                                                       _reconnect_timeout(reconnect_timeout))
         name = client_name.encode("utf-8")
@@ -145,13 +146,7 @@ class Client(CacheCalls):
         if unix_socket:
             self._contact.resume = self._resume_session
         if unix_socket:
-            path = target[5:]
-            try:
-                is_socket = stat.S_ISSOCK(os.stat(path).st_mode)
-            except OSError:
-                is_socket = False
-            if not is_socket:
-                raise errors.Unavailable(f"no hostkvd socket at {path} (is hostkvd running?)")
+            _target.check_socket(target[5:])
         if len(name) >= _session_socket.CLIENT_NAME_BYTES:
             raise errors.InvalidArgument("client_name is longer than 200 bytes")
         self._channel = grpc.insecure_channel(target, options=[
