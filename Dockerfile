@@ -4,11 +4,10 @@
 #
 #   docker build -t hostkv/hostkvd:0.1.0 .
 #
-# CPU backend only. The GPU backend (pinned pool, CUDA IPC imports, copy
-# kernels) is not implemented yet, so this image has no CUDA toolkit and no
-# CUDA runtime: building the CUDA sources would only produce the layout test
-# code, which is not part of hostkvd. When the GPU backend lands it gets its
-# own stages (nvidia/cuda:13.0.0-devel-ubuntu24.04 to build,
+# CPU backend only: this image has no CUDA toolkit and no CUDA runtime. The
+# GPU backend (pinned pool, CUDA IPC imports, copy kernels) is built by CI
+# where nvcc exists but has not yet run on a GPU; its image gets its own
+# stages (nvidia/cuda:13.0.0-devel-ubuntu24.04 to build,
 # nvidia/cuda:13.0.0-base-ubuntu24.04 to run; Ubuntu's library package names
 # differ from Debian's, so the runtime list below does not carry over).
 #

@@ -804,6 +804,60 @@ def check_init_command(spec, init, socket_dir, where):
         shutil.rmtree(base, ignore_errors=True)
 
 
+def check_no_secret_in_argv(container, where):
+    """No Secret's value reaches a command line (every user of the node sees
+    it in `ps`): no $(VAR) of a secretKeyRef variable in command/args."""
+    secret_vars = {e.get("name") for e in container.get("env") or []
+                   if "secretKeyRef" in ((e.get("valueFrom") or {}))}
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    for var in secret_vars:
+        F.check(not any(f"$({var})" in a for a in argv), where,
+                f"the Secret in ${var} is put on the command line ($({var})): `ps` shows it")
+
+
+def check_redis_command(spec, container, where, workdir):
+    """Runs the Redis container's command with Debian's redis-server, its
+    Secret's password file in a temporary directory and a Unix socket for
+    its port: it must start, refuse a client without the password, answer
+    the readiness probe's command, and show no password in its argv."""
+    if shutil.which("redis-server") is None:
+        note(f"  {where}: redis-server not installed; its command not run")
+        return
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    if not F.check(argv[:2] == ["sh", "-c"], where, "the Redis command is not `sh -c ...`"):
+        return
+    mount = next((m for m in container.get("volumeMounts") or []
+                  if "secret" in (volume(spec, m.get("name")) or {})), None)
+    if not F.check(mount is not None, where, "Redis mounts no Secret (where is its password?)"):
+        return
+    password = "pw-" + os.urandom(8).hex()
+    secrets = os.path.join(workdir, "redis-secret")
+    os.makedirs(secrets, exist_ok=True)
+    write_secret(os.path.join(secrets, "password"), password, 0o440)
+    sock = os.path.join(workdir, "redis.sock")
+    script = (argv[2].replace(mount["mountPath"], secrets)
+              .replace("--port 6379", f"--port 0 --unixsocket {sock} --dir {workdir}"))
+    probe = " ".join(str(a) for a in container["readinessProbe"]["exec"]["command"][2:])
+    probe = probe.replace(mount["mountPath"], secrets).replace("redis-cli", f"redis-cli -s {sock}")
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        started = wait_for(lambda: os.path.exists(sock), 10)
+        if not F.check(started, where, "Redis did not start with its command"):
+            return
+        bare = subprocess.run(["redis-cli", "-s", sock, "ping"], capture_output=True, text=True)
+        F.check("NOAUTH" in bare.stdout + bare.stderr, where,
+                f"Redis answered a client without the password: {bare.stdout!r}")
+        F.check(subprocess.run(["sh", "-c", probe]).returncode == 0, where,
+                "the readiness probe's command fails against Redis")
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        F.check(password not in ps, where, "the Redis password is on a command line (ps)")
+        note(f"  {where}: Redis runs its command, needs the password, ps shows none")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def check_k8s_file(path, docs, protos, cli, workdir):
     rel = os.path.relpath(path, SOURCE)
     configmaps = {}
@@ -822,8 +876,11 @@ def check_k8s_file(path, docs, protos, cli, workdir):
         for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
             where = f"{rel}: {d['kind']}/{md.get('name')}: container {c.get('name')}"
             image = c.get("image", "")
+            check_no_secret_in_argv(c, where)
             if "hostkv" in image:
                 IMAGES.append((where, image))
+            if image.startswith("redis:"):
+                check_redis_command(spec, c, where, workdir)
             if runs_keeper(c):
                 keepers.append((where, spec, c))
             elif runs_daemon(c):
