@@ -165,7 +165,7 @@ absl::Status StartGpuBackend(DaemonOptions o, Daemon& d) {
 }
 
 // Connects to the state keeper (starting one), drops its state with
-// --discard_state, adopts it otherwise (README "Restarts and upgrades").
+// --discard_state, adopts it otherwise (deploy/README.md "Restarts and upgrades").
 absl::Status KeepState(const DaemonOptions& o, Daemon& d) {
   if (!o.keep_state || o.socket_path.empty()) {
     spdlog::info("state is not kept across restarts ({})",

@@ -1,6 +1,6 @@
 // A record of the page cache's keys kept outside the daemon's heap, so that
 // a daemon started after this one can adopt them (server/state/pool_ledger.h,
-// README "Restarts and upgrades").
+// deploy/README.md "Restarts and upgrades").
 #ifndef HOSTKV_SERVER_CACHE_CACHE_LEDGER_H_
 #define HOSTKV_SERVER_CACHE_CACHE_LEDGER_H_
 

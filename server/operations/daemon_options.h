@@ -48,7 +48,7 @@ struct DaemonOptions {
   std::string metrics_listen;  // --metrics_listen
   std::string metrics_token;   // from --metrics_token_file; empty: none asked
   bool metrics_namespace_names = false;  // --metrics_namespace_names
-  // Restarts (README "Restarts and upgrades").
+  // Restarts (deploy/README.md "Restarts and upgrades").
   bool keep_state = true;      // --keep_state
   bool discard_state = false;  // --discard_state
   bool takeover = false;       // --takeover

@@ -1,4 +1,4 @@
-// The --tier and --tier_* flags of hostkvd (README, "Storage tiers").
+// The --tier and --tier_* flags of hostkvd (server/README.md, "Storage tiers").
 #ifndef HOSTKV_SERVER_OPERATIONS_TIER_FLAGS_H_
 #define HOSTKV_SERVER_OPERATIONS_TIER_FLAGS_H_
 

@@ -1,6 +1,6 @@
 // A record of who owns each page of a pool, kept outside the daemon's heap
 // so that a daemon started after this one can adopt the pool
-// (server/state/pool_ledger.h, README "Restarts and upgrades").
+// (server/state/pool_ledger.h, deploy/README.md "Restarts and upgrades").
 #ifndef HOSTKV_SERVER_POOL_PAGE_LEDGER_H_
 #define HOSTKV_SERVER_POOL_PAGE_LEDGER_H_
 

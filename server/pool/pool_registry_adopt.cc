@@ -1,4 +1,4 @@
-// PoolRegistry::Adopt: a pool a previous daemon left (README "Restarts and
+// PoolRegistry::Adopt: a pool a previous daemon left (deploy/README.md "Restarts and
 // upgrades").
 #include <utility>
 

@@ -93,7 +93,7 @@ class SessionRegistry {
 
   const SessionLimits& limits() const { return limits_; }
 
-  // ---- Restarts (README "Restarts and upgrades") ----
+  // ---- Restarts (deploy/README.md "Restarts and upgrades") ----
   // Every session opened, attached or resumed from now on is written to
   // `ledger` (may be null), and erased from it when it ends. Set before the
   // registry is shared.

@@ -1,5 +1,5 @@
 // SessionRegistry across restarts: the ledger's records, adopted sessions
-// and their resume (README "Restarts and upgrades").
+// and their resume (deploy/README.md "Restarts and upgrades").
 #include <openssl/evp.h>
 
 #include <algorithm>

@@ -13,7 +13,7 @@
 namespace hostkv {
 
 // Bumped whenever a ledger's layout or meaning changes: a daemon refuses a
-// ledger of another format (README "Restarts and upgrades").
+// ledger of another format (deploy/README.md "Restarts and upgrades").
 inline constexpr uint32_t kLedgerFormat = 1;
 inline constexpr size_t kLedgerHeaderBytes = 4096;
 

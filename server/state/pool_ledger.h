@@ -1,5 +1,5 @@
 // The ledger of one pool: what a daemon started after this one needs to
-// adopt the pool's pages and cached keys (README "Restarts and upgrades").
+// adopt the pool's pages and cached keys (deploy/README.md "Restarts and upgrades").
 // It lives in its own memfd, which the state keeper (state_keeper.h) holds
 // beside the pool's segment while no daemon runs.
 //

@@ -1,5 +1,5 @@
 // At start: what the hostkvd before this one left with the state keeper,
-// checked and adopted (README "Restarts and upgrades"), and the ledgers
+// checked and adopted (deploy/README.md "Restarts and upgrades"), and the ledgers
 // this daemon writes from then on.
 #ifndef HOSTKV_SERVER_STATE_STATE_ADOPTION_H_
 #define HOSTKV_SERVER_STATE_STATE_ADOPTION_H_

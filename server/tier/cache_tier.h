@@ -1,4 +1,4 @@
-// The storage tier under the page caches of every pool (README, "Storage
+// The storage tier under the page caches of every pool (server/README.md, "Storage
 // tiers"): the store (PageTier), whether it answers (TierHealth), the
 // write-behind of published pages (TierWriter), the read-through of lookup
 // misses (TierReader) and their counters. The request layer calls it; it

@@ -19,7 +19,7 @@
 namespace hostkv {
 namespace {
 
-// What the tier makes: the daemon's alone (README, "Trust model").
+// What the tier makes: the daemon's alone (server/README.md, "Trust model").
 constexpr mode_t kDirMode = 0700;
 constexpr mode_t kFileMode = 0600;
 

@@ -15,7 +15,7 @@
 // none, never a part. Temp files left by a crash are never read (nothing
 // removes them yet).
 //
-// Security (README, "Trust model"): the daemon may run as root and serves
+// Security (server/README.md, "Trust model"): the daemon may run as root and serves
 // many users, so the tree is the daemon's alone. Directories it makes are
 // 0700 and files 0600, whatever the umask. Open refuses a root that group
 // or others can write, and warns about one they can list. The root is

@@ -1,4 +1,4 @@
-// A storage tier under the page cache (README, "Storage tiers"): pages in
+// A storage tier under the page cache (server/README.md, "Storage tiers"): pages in
 // SGLang's flat page format, framed by tier_value.h, addressed by
 // (namespace, key) on a store outside the daemon's host memory: Redis
 // (standalone or Cluster) or files on a local or distributed filesystem.

@@ -1,5 +1,5 @@
 // Which storage tier the daemon puts under its page cache, and how it uses
-// it (README, "Storage tiers"): the --tier URL and the --tier_* flags.
+// it (server/README.md, "Storage tiers"): the --tier URL and the --tier_* flags.
 #ifndef HOSTKV_SERVER_TIER_TIER_CONFIG_H_
 #define HOSTKV_SERVER_TIER_TIER_CONFIG_H_
 

@@ -1,4 +1,4 @@
-// Whether the storage tier answers (README, "Storage tiers", failure): every
+// Whether the storage tier answers (server/README.md, "Storage tiers", failure): every
 // store call's result feeds it, and a prober asks the store once per
 // interval, so that a tier that went down is seen without traffic and one
 // that came back is used again by itself. While it is down, lookups do not

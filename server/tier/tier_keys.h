@@ -1,4 +1,4 @@
-// What a pool's pages are stored under in a storage tier (README, "Storage
+// What a pool's pages are stored under in a storage tier (server/README.md, "Storage
 // tiers"), for its writer and its reader alike.
 #ifndef HOSTKV_SERVER_TIER_TIER_KEYS_H_
 #define HOSTKV_SERVER_TIER_TIER_KEYS_H_

@@ -1,4 +1,4 @@
-// Read-through from the storage tier (README, "Storage tiers"): a Lookup
+// Read-through from the storage tier (server/README.md, "Storage tiers"): a Lookup
 // that misses in host memory starts a fetch of the keys that follow its
 // hits, and waits for it up to its deadline. A fetch asks the store for
 // every key in one batch, keeps the values from the first key up to the

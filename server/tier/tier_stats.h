@@ -1,4 +1,4 @@
-// What the storage tier did (README, "Storage tiers"): counters and latency
+// What the storage tier did (server/README.md, "Storage tiers"): counters and latency
 // histograms, updated lock-free by the tier's writer and reader threads and
 // read as one snapshot for GetPoolStats and /metrics.
 #ifndef HOSTKV_SERVER_TIER_TIER_STATS_H_

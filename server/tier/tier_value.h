@@ -1,4 +1,4 @@
-// The frame of a page value in a storage tier (README, "Storage tiers"): a
+// The frame of a page value in a storage tier (server/README.md, "Storage tiers"): a
 // fixed 32-byte little-endian header, then the page in SGLang's flat format
 // (kernels/page_format.h):
 //

@@ -1,4 +1,4 @@
-// Write-behind of published pages to the storage tier (README, "Storage
+// Write-behind of published pages to the storage tier (server/README.md, "Storage
 // tiers"): the request that published them only queues their keys; writer
 // threads later reference each page (PageCache::ReferenceKeys, so that no
 // eviction frees it mid-copy), copy it out framed (tier_value.h), drop the

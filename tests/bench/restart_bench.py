@@ -1,4 +1,4 @@
-"""What a hostkvd restart costs (README "Restarts and upgrades"): the time a
+"""What a hostkvd restart costs (deploy/README.md "Restarts and upgrades"): the time a
 new daemon takes to adopt N pages (half of them a session's, a quarter
 cached with their keys) beside the baselines measured in the same run (the
 same daemon starting without state, and creating the same pool), and the

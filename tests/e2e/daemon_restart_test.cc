@@ -1,7 +1,7 @@
 // hostkvd killed (-9) or replaced (--takeover) under a C++ engine: the
 // client library waits for the next daemon, resumes its session and
 // registers its buffers again, so the engine's next calls succeed and its
-// host pages, imports and published keys are as before (README "While
+// host pages, imports and published keys are as before (server/README.md "While
 // hostkvd is away", deploy/README.md "Restarts and upgrades").
 #include <signal.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kept for old instructions: the GPU machine has none of our libraries and
 # no package registry, so nothing is built there any more. Build the bundle
-# here (tests/gpu/bundle.sh, see README "The GPU backend"), carry it, and run
+# here (tests/gpu/bundle.sh, see kernels/README.md "The GPU backend"), carry it, and run
 # its run.sh there; this runs BUNDLE (default build-gpu-bundle) with the
 # same arguments.
 set -euo pipefail

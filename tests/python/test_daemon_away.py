@@ -1,4 +1,4 @@
-"""While hostkvd is away (README "While hostkvd is away"): a real daemon
+"""While hostkvd is away (server/README.md "While hostkvd is away"): a real daemon
 SIGKILLed and started again on the same socket without its state
 (--discard_state): engines degrade instead of crashing, and say once, naming
 the cause, that the state is gone. With the state kept, sessions resume:

@@ -2,7 +2,7 @@
 server/operations/crash_point.h) and started again on the same socket: the
 state it adopts is consistent (no page both free and cached, no key on a page
 whose bytes are not the key's, every free page zeroed before it is handed
-out), README "Restarts and upgrades"."""
+out), deploy/README.md "Restarts and upgrades"."""
 import os
 import time
 

@@ -1,5 +1,5 @@
 """hostkvd SIGKILLed (or replaced with --takeover) under engines, started again
-on the same socket with its state (README "Restarts and upgrades"): the
+on the same socket with its state (deploy/README.md "Restarts and upgrades"): the
 engines' sessions resume by themselves and their callers see no error.
 
 The host pools follow SGLang's HiCacheController as modelled at

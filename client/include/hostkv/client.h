@@ -69,7 +69,7 @@ struct TransferOptions {
   uint64_t wait_kv_written = 0;
 };
 
-// The page cache (README, "The page cache"). Keys and namespaces are opaque
+// The page cache (server/README.md, "The page cache"). Keys and namespaces are opaque
 // bytes: a key of 1..64 bytes names a page's content (e.g. SGLang's chained
 // page hash) inside a namespace of 1..128 bytes the engine chooses.
 struct CacheItem {
@@ -114,7 +114,7 @@ struct ConnectOptions {
   // long (20 ms doubling to 200 ms), and resumes the session when a daemon
   // that adopted the previous one's state answers (it registers the
   // imports and passes the descriptors again, keeping their ids); then the
-  // call is made again. 0: no wait, no resume. README "While hostkvd is
+  // call is made again. 0: no wait, no resume. server/README.md "While hostkvd is
   // away".
   absl::Duration reconnect_timeout = absl::Seconds(30);
 };

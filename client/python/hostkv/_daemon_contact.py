@@ -1,5 +1,5 @@
 """Whether hostkvd answers, and waiting for it while it does not
-(hostkv.Client's calls; README "While hostkvd is away").
+(hostkv.Client's calls; server/README.md "While hostkvd is away").
 
 A call that finds the daemon unreachable (UNAVAILABLE: down, restarting,
 being upgraded) waits for it, retrying with a backoff of 50 ms doubling to

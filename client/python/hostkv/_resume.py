@@ -1,5 +1,5 @@
 """What a Client needs to resume its session after a hostkvd restart
-(README "While hostkvd is away", deploy/README.md "Restarts and upgrades"):
+(server/README.md "While hostkvd is away", deploy/README.md "Restarts and upgrades"):
 the imports it registered and the descriptors it passed (a daemon that
 adopted its predecessor's state keeps the session's pages but not those),
 and the operations in flight (their signal records died with the daemon;

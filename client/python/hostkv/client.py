@@ -35,7 +35,7 @@ from ._proto import hostkv_pb2_grpc as pb_grpc
 DEFAULT_TARGET = _target.DEFAULT_TARGET
 _CALL_TIMEOUT = 60.0
 _MAX_MESSAGE = 256 << 20
-# How long calls wait for a daemon that does not answer (README "While
+# How long calls wait for a daemon that does not answer (server/README.md "While
 # hostkvd is away"); HOSTKV_RECONNECT_TIMEOUT overrides it.
 DEFAULT_RECONNECT_TIMEOUT = 30.0
 
@@ -109,7 +109,7 @@ class Client(CacheCalls):
     `reconnect_timeout` seconds (default 30, HOSTKV_RECONNECT_TIMEOUT; 0:
     no wait), then raises errors.DaemonUnavailable; `daemon_away` says
     whether the last contact failed. A daemon that adopted its
-    predecessor's state (README "Restarts and upgrades") gets the session
+    predecessor's state (deploy/README.md "Restarts and upgrades") gets the session
     resumed (unix: targets): its pages are as they were, its descriptors
     and imports are passed and registered again under the same ids, and
     wait/wait_layer submit again the loads and backups that had not
