@@ -66,7 +66,7 @@ absl::Status CheckFlagValue(const std::string& name, const std::string& value,
   const char* expected = "";
   if (flag->IsOfType<absl::Duration>()) {
     absl::Duration d;
-    ok = absl::ParseFlag(value, &d, &error);
+    ok = absl::ParseDuration(value, &d);
     expected = "a duration such as 30s, 500ms or 10m";
   } else if (flag->IsOfType<int>()) {
     int i;
