@@ -266,3 +266,27 @@ def test_the_lock_file_goes_with_a_clean_exit():
     assert not os.path.exists(sock + ".lock")
     assert not os.path.exists(sock)
     d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run hostkvd as another uid")
+def test_a_socket_directory_root_used_first_says_whose_it_is():
+    """Root ran hostkvd on this socket before; a non-root hostkvd then gets
+    a hint, not a bare Permission denied on the lock file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        out = _start_as_other_user_after_root(tmp)
+    assert out.returncode != 0
+    assert "belongs to another user, e.g. a hostkvd run as root" in out.stdout, out.stdout
+    assert "uid 61005" in out.stdout
+
+
+def _start_as_other_user_after_root(tmp):
+    run_dir = os.path.join(tmp, "run")
+    os.mkdir(run_dir, 0o755)
+    with open(os.path.join(run_dir, "hostkvd.sock.lock"), "w"):
+        pass  # root's, 0644, as a root hostkvd leaves it when killed
+    return subprocess.run(
+        ["setpriv", "--reuid=61005", "--regid=61005", "--clear-groups", hostkvd_binary(),
+         f"--listen=unix:{run_dir}/hostkvd.sock", "--keep_state=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HOSTKVD_")})
