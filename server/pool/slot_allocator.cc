@@ -14,7 +14,8 @@ SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub)
       scrub_(std::move(scrub)),
       owner_(num_pages, kNoOwner),
       in_flight_(num_pages, 0),
-      free_when_unpinned_(num_pages, 0) {
+      free_when_unpinned_(num_pages, 0),
+      writer_(num_pages, kNoOwner) {
   if (num_pages > 0) free_.emplace(0, num_pages);
   free_pages_ = num_pages;
 }
@@ -25,19 +26,30 @@ absl::Status SlotAllocator::CheckSessionTag(OwnerTag owner) {
       "owner tag kCacheOwner is the page cache's, not a session's");
 }
 
-bool SlotAllocator::MakeRoomLocked(uint64_t num_pages) {
-  while (num_pages > free_pages_) {
-    // Rechecked each time: others may take pages while mu_ is released.
+uint64_t SlotAllocator::PendingOf(OwnerTag owner) const {
+  auto it = pending_.find(owner);
+  return it == pending_.end() ? 0 : it->second.pages;
+}
+
+bool SlotAllocator::MakeRoomLocked(uint64_t num_pages, OwnerTag owner) {
+  // Rechecked each time: others may take pages while mu_ is released. The
+  // owner's own pending pages need no zeroing; the rest must be free.
+  auto clean_needed = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return num_pages - std::min(num_pages, PendingOf(owner));
+  };
+  while (clean_needed() > free_pages_) {
     if (num_pages > free_pages_ + scrubbing_pages_) return false;
-    if (!pending_.empty()) {
-      ScrubLocked(num_pages - free_pages_);
+    if (pending_pages_ > PendingOf(owner)) {
+      ScrubLocked(clean_needed() - free_pages_, /*spare=*/owner,
+                  absl::InfiniteFuture());
       continue;
     }
     // The rest is being zeroed by another thread (one batch at most).
     // absl evaluates a condition with mu_ held, possibly on the thread that
     // releases it, so no AssertHeld() in here.
-    auto progress = [this, num_pages]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return num_pages <= free_pages_ || !pending_.empty() ||
+    auto progress = [this, num_pages, owner]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      const uint64_t own = std::min(num_pages, PendingOf(owner));
+      return num_pages - own <= free_pages_ || pending_pages_ > PendingOf(owner) ||
              num_pages > free_pages_ + scrubbing_pages_;
     };
     mu_.Await(absl::Condition(&progress));
@@ -49,6 +61,27 @@ std::vector<PageRun> SlotAllocator::TakeLocked(uint64_t num_pages,
                                                OwnerTag owner) {
   std::vector<PageRun> runs;
   uint64_t left = num_pages;
+  if (auto own = pending_.find(owner); own != pending_.end()) {
+    // Pages holding only the owner's bytes come back to it unzeroed.
+    Pending& mine = own->second;
+    while (left > 0 && !mine.runs.empty()) {
+      PendingRun& back = mine.runs.back();
+      const uint64_t take = std::min(left, back.num_pages);
+      const uint64_t first = back.first_page + back.num_pages - take;
+      std::fill(owner_.begin() + first, owner_.begin() + first + take, owner);
+      Record(first, take, owner);
+      Extend(owner, first, first + take - 1);
+      runs.push_back({first, take});
+      left -= take;
+      mine.pages -= take;
+      pending_pages_ -= take;
+      scrubbing_pages_ -= take;
+      if ((back.num_pages -= take) == 0) mine.runs.pop_back();
+    }
+    if (mine.runs.empty()) pending_.erase(own);
+  }
+  usage_[owner] += num_pages - left;
+  num_pages = left;
   while (left > 0) {
     auto it = free_.begin();
     const uint64_t first = it->first;
@@ -78,7 +111,7 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
   }
   if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (!MakeRoomLocked(num_pages)) return Exhausted(num_pages);
+  if (!MakeRoomLocked(num_pages, owner)) return Exhausted(num_pages);
   return TakeLocked(num_pages, owner);
 }
 
@@ -93,7 +126,7 @@ void SlotAllocator::Record(uint64_t first, uint64_t count,
   if (ledger_ != nullptr && count > 0) ledger_->RecordOwner(first, count, owner);
 }
 
-void SlotAllocator::Release(uint64_t first, uint64_t count) {
+void SlotAllocator::Release(uint64_t first, uint64_t count, OwnerTag bytes_of) {
   if (scrub_ == nullptr) {
     Record(first, count, kNoOwner);
     InsertFreeExtent(first, count);
@@ -101,25 +134,66 @@ void SlotAllocator::Release(uint64_t first, uint64_t count) {
     return;
   }
   Record(first, count, kUnscrubbedMark);
-  pending_.push_back({first, count});
+  Pending& pending = pending_[bytes_of];
+  if (!pending.runs.empty() &&
+      pending.runs.back().first_page + pending.runs.back().num_pages == first) {
+    pending.runs.back().num_pages += count;
+  } else {
+    pending.runs.push_back({first, count, absl::Now()});
+  }
+  pending.pages += count;
+  pending_pages_ += count;
   scrubbing_pages_ += count;
 }
 
-uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
-  std::vector<PageRun> runs;
+uint64_t SlotAllocator::ScrubbableLocked(absl::Time released_before,
+                                         absl::Time* next) const {
   uint64_t pages = 0;
-  while (pages < max_pages && !pending_.empty()) {
-    PageRun& front = pending_.front();
-    const uint64_t take = std::min(front.num_pages, max_pages - pages);
-    runs.push_back({front.first_page, take});
-    pages += take;
-    if (take == front.num_pages) {
-      pending_.pop_front();
-    } else {
-      front.first_page += take;
-      front.num_pages -= take;
+  *next = absl::InfiniteFuture();
+  for (const auto& [bytes_of, pending] : pending_) {
+    if (bytes_of == kNoOwner) {
+      pages += pending.pages;
+      continue;
+    }
+    for (const PendingRun& run : pending.runs) {
+      if (run.released > released_before) {
+        *next = std::min(*next, run.released + kReuseWindow);
+        break;
+      }
+      pages += run.num_pages;
     }
   }
+  return pages;
+}
+
+uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages, OwnerTag spare,
+                                    absl::Time released_before) {
+  std::vector<PageRun> runs;
+  uint64_t pages = 0;
+  for (auto it = pending_.begin(); it != pending_.end() && pages < max_pages;) {
+    if (it->first == spare) {
+      ++it;
+      continue;
+    }
+    Pending& pending = it->second;
+    while (pages < max_pages && !pending.runs.empty() &&
+           (it->first == kNoOwner ||
+            pending.runs.front().released <= released_before)) {
+      PendingRun& front = pending.runs.front();
+      const uint64_t take = std::min(front.num_pages, max_pages - pages);
+      runs.push_back({front.first_page, take});
+      pages += take;
+      pending.pages -= take;
+      if (take == front.num_pages) {
+        pending.runs.pop_front();
+      } else {
+        front.first_page += take;
+        front.num_pages -= take;
+      }
+    }
+    it = pending.runs.empty() ? pending_.erase(it) : std::next(it);
+  }
+  pending_pages_ -= pages;
   // The pages are neither free nor owned: nobody else touches them while
   // they are zeroed without the lock.
   mu_.Unlock();
@@ -137,13 +211,22 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages) {
 
 bool SlotAllocator::ScrubPending(uint64_t max_pages) {
   absl::MutexLock lock(&mu_);
-  auto work = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // as in Allocate
-    return stopped_ || !pending_.empty();
-  };
-  mu_.Await(absl::Condition(&work));
-  if (stopped_) return false;
-  ScrubLocked(std::max<uint64_t>(max_pages, 1));
-  return true;
+  while (!stopped_) {
+    const absl::Time before = absl::Now() - kReuseWindow;
+    absl::Time next;
+    if (ScrubbableLocked(before, &next) > 0) {
+      ScrubLocked(std::max<uint64_t>(max_pages, 1), /*spare=*/kCacheOwner, before);
+      return true;
+    }
+    // Until pages are released (or taken back), stopped, or pages a
+    // session left come out of its reuse window.
+    const uint64_t seen = pending_pages_;
+    auto work = [this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // as in Allocate
+      return stopped_ || pending_pages_ != seen;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&work), next);
+  }
+  return false;
 }
 
 void SlotAllocator::StopScrubbing() {
@@ -240,6 +323,7 @@ uint64_t SlotAllocator::MoveOwnerLocked(const std::vector<PageRun>& runs,
     for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
       if (owner_[p] != from) continue;
       owner_[p] = to;
+      if (to == kCacheOwner) writer_[p] = from;
       Record(p, 1, to);
       ++pages;
     }
@@ -295,7 +379,7 @@ absl::StatusOr<uint64_t> SlotAllocator::Free(const std::vector<PageRun>& runs,
     }
     freed += run.num_pages;
   }
-  for (const PageRun& run : runs) Release(run.first_page, run.num_pages);
+  for (const PageRun& run : runs) Release(run.first_page, run.num_pages, owner);
   if ((usage_[owner] -= freed) == 0) {
     usage_.erase(owner);
     span_.erase(owner);
@@ -338,8 +422,7 @@ absl::Status SlotAllocator::Restore(absl::Span<const OwnerTag> owners) {
         InsertFreeExtent(first, count);
         free_pages_ += count;
       } else {
-        pending_.push_back({first, count});
-        scrubbing_pages_ += count;
+        Release(first, count, kNoOwner);  // whose bytes: unknown
       }
     } else {
       std::fill(owner_.begin() + first, owner_.begin() + p, owner);
@@ -388,7 +471,8 @@ uint64_t SlotAllocator::FreeAllOwnedBy(OwnerTag owner) {
     }
     const uint64_t first = p;
     while (p <= span.last && owner_[p] == owner) owner_[p++] = kNoOwner;
-    Release(first, p - first);
+    // The session is ending: nobody will take these back.
+    Release(first, p - first, kNoOwner);
   }
   return pages;
 }

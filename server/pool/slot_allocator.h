@@ -67,11 +67,16 @@ using ScrubFn = std::function<void(const PageRun& run)>;
 // Free pages are kept as coalesced extents, so allocations come back as few
 // runs, lowest pages first. Cost: O(pages + runs * log extents) per call.
 //
-// With a ScrubFn, a freed page is not handed out again before it is zeroed:
-// Free and FreeAllOwnedBy put it in a "scrubbing" state (neither free nor
-// owned), a background thread (PageScrubber, through ScrubPending) zeroes
-// it and makes it free, and Allocate takes only zeroed pages, zeroing inline
-// what it still needs when the background thread is behind. The counts
+// With a ScrubFn, a freed page is not handed out to another session before
+// it is zeroed: Free and FreeAllOwnedBy put it in a "scrubbing" state
+// (neither free nor owned), remembering whose bytes it holds; a background
+// thread (PageScrubber, through ScrubPending) zeroes it and makes it free,
+// oldest sessions' pages first. Allocate for a session first takes back,
+// unzeroed, pages that hold only that session's own bytes (it freed them,
+// or published them and the cache evicted them: nothing another session
+// wrote), then zeroed pages, zeroing inline what it still needs when the
+// background thread is behind. Session tags are never reused within a
+// daemon's life, so "its own bytes" cannot mean a predecessor's. The counts
 // (free_pages, Snapshot) count scrubbing pages as free. Without a ScrubFn
 // (pages that hold no data, e.g. tests of the bookkeeping) a freed page is
 // free at once.
@@ -95,7 +100,8 @@ class SlotAllocator {
  public:
   explicit SlotAllocator(uint64_t num_pages, ScrubFn scrub = nullptr);
 
-  // Allocates num_pages zeroed pages for `owner`. All or nothing:
+  // Allocates num_pages pages for `owner`: zeroed, or holding only bytes
+  // `owner` itself left there (class comment). All or nothing:
   // ResourceExhausted (saying how many are free, scrubbing ones included) if
   // fewer are free; InvalidArgument if num_pages is 0. When free pages are
   // short but scrubbing ones make up the difference, zeroes them inline (or
@@ -198,6 +204,9 @@ class SlotAllocator {
   // (may be null). Set before the allocator is shared.
   void set_ledger(PageLedger* ledger) { ledger_ = ledger; }
 
+  // How long the background scrubber leaves a session's freed pages to it.
+  static constexpr absl::Duration kReuseWindow = absl::Milliseconds(250);
+
   // Replaces the allocator's state by `owners` (one per page: a session's
   // tag, kCacheOwner, kNoOwner for a free zeroed page, kUnscrubbedMark for
   // one to zero before reuse), as adopted from a previous daemon's ledger.
@@ -223,6 +232,8 @@ class SlotAllocator {
   // For the background scrubber: waits until freed pages wait to be zeroed
   // or StopScrubbing() was called; then zeroes up to max_pages of them
   // (outside the lock) and makes them free. Returns false once stopped.
+  // A live session's pages wait kReuseWindow first: under churn it takes
+  // them back itself, unzeroed; pages of nobody's are zeroed at once.
   bool ScrubPending(uint64_t max_pages) ABSL_LOCKS_EXCLUDED(mu_);
   // Makes ScrubPending return false (now and from then on).
   void StopScrubbing() ABSL_LOCKS_EXCLUDED(mu_);
@@ -245,17 +256,23 @@ class SlotAllocator {
   // InvalidArgument for a session tag that is the cache's.
   static absl::Status CheckSessionTag(OwnerTag owner);
   // While mu_ is released meanwhile (scrubbing), waits until num_pages are
-  // free and zeroed; false when free and scrubbing pages are too few.
-  bool MakeRoomLocked(uint64_t num_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes num_pages free zeroed pages for owner. REQUIRES: MakeRoomLocked.
+  // free and zeroed or `owner`'s own scrubbing pages; false when free and
+  // scrubbing pages are too few.
+  bool MakeRoomLocked(uint64_t num_pages, OwnerTag owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pending pages holding `owner`'s bytes (0 without any).
+  uint64_t PendingOf(OwnerTag owner) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Takes num_pages for owner: its own pending pages first, unzeroed, then
+  // free zeroed ones. REQUIRES: MakeRoomLocked(num_pages, owner).
   std::vector<PageRun> TakeLocked(uint64_t num_pages, OwnerTag owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uncache; *pinned counts the pages left to be freed when unpinned.
   absl::StatusOr<uint64_t> UncacheLocked(const std::vector<PageRun>& runs,
                                          uint64_t* pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pages in the given order as runs of consecutive numbers.
-  static std::vector<PageRun> RunsOf(const std::vector<uint64_t>& pages);
+  // Pages as runs of consecutive numbers, ascending (a page listed twice
+  // stays twice).
+  static std::vector<PageRun> RunsOf(std::vector<uint64_t> pages);
   // Adds the pins of runs (all checked).
   void PinLocked(const std::vector<PageRun>& runs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -264,12 +281,22 @@ class SlotAllocator {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void InsertFreeExtent(uint64_t first, uint64_t count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pages [first, first + count) just left their owner: free, or scrubbing.
-  void Release(uint64_t first, uint64_t count)
+  // Pages [first, first + count) just left their owner: free, or scrubbing
+  // as holding the bytes of session `bytes_of` (kNoOwner: of nobody who can
+  // take them back, zeroed before anyone gets them).
+  void Release(uint64_t first, uint64_t count, OwnerTag bytes_of)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Zeroes up to max_pages pending pages with mu_ released meanwhile, then
-  // makes them free; returns how many.
-  uint64_t ScrubLocked(uint64_t max_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Zeroes up to max_pages pending pages, with mu_ released meanwhile, then
+  // makes them free; returns how many. Spares the pages holding `spare`'s
+  // bytes (kCacheOwner: none spared) and those a session released after
+  // `released_before` (it may still take them back).
+  uint64_t ScrubLocked(uint64_t max_pages, OwnerTag spare,
+                       absl::Time released_before)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pending pages ScrubLocked(_, kCacheOwner, released_before) would zero;
+  // *next: when more become so (InfiniteFuture if none).
+  uint64_t ScrubbableLocked(absl::Time released_before, absl::Time* next) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Exhausted(uint64_t requested) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -288,9 +315,24 @@ class SlotAllocator {
   uint64_t freed_when_unpinned_pages_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
   uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;            // zeroed, in free_
-  std::deque<PageRun> pending_ ABSL_GUARDED_BY(mu_);  // freed, to be zeroed
-  // pending_ plus the pages being zeroed now.
+  // Freed, to be zeroed, by the session whose bytes they hold (kNoOwner
+  // first: nobody's who could take them back). pending_pages_ counts them.
+  struct PendingRun {
+    uint64_t first_page;
+    uint64_t num_pages;
+    absl::Time released;
+  };
+  struct Pending {
+    std::deque<PendingRun> runs;  // oldest first
+    uint64_t pages = 0;
+  };
+  std::map<OwnerTag, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t pending_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  // pending_pages_ plus the pages being zeroed now.
   uint64_t scrubbing_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per page, while cached: the session that published it (kNoOwner when
+  // unknown, e.g. adopted), whose bytes it holds once evicted.
+  std::vector<OwnerTag> writer_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<OwnerTag, uint64_t> usage_ ABSL_GUARDED_BY(mu_);
   // Per owner, pages [first, last] bound everything it ever held since it

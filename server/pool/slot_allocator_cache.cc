@@ -9,7 +9,10 @@
 
 namespace hostkv {
 
-std::vector<PageRun> SlotAllocator::RunsOf(const std::vector<uint64_t>& pages) {
+std::vector<PageRun> SlotAllocator::RunsOf(std::vector<uint64_t> pages) {
+  // An eviction returns a chain's pages leaf first, i.e. often descending:
+  // sorted, they free as a few runs rather than one page at a time.
+  std::sort(pages.begin(), pages.end());
   std::vector<PageRun> runs;
   for (uint64_t p : pages) {
     if (!runs.empty() && runs.back().first_page + runs.back().num_pages == p) {
@@ -31,7 +34,7 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
   uint64_t missing = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (MakeRoomLocked(num_pages)) return TakeLocked(num_pages, owner);
+    if (MakeRoomLocked(num_pages, owner)) return TakeLocked(num_pages, owner);
     missing = num_pages - (free_pages_ + scrubbing_pages_);
   }
   // Without mu_: the evictor takes the page cache's mutex, which ranks
@@ -48,7 +51,7 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
           freed.status().message()));
     }
   }
-  if (MakeRoomLocked(num_pages)) return TakeLocked(num_pages, owner);
+  if (MakeRoomLocked(num_pages, owner)) return TakeLocked(num_pages, owner);
   return absl::ResourceExhaustedError(absl::StrCat(
       Exhausted(num_pages).message(), "; of the ", missing,
       " missing the page cache could evict ", evicted.size(), " (", pinned,
@@ -103,15 +106,20 @@ void SlotAllocator::Unpin(const std::vector<PageRun>& runs) {
       if (--in_flight_[p] == 0 && free_when_unpinned_[p]) done.push_back(p);
     }
   }
-  for (const PageRun& run : RunsOf(done)) {
-    for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
-      free_when_unpinned_[p] = 0;
-      owner_[p] = kNoOwner;
+  const uint64_t released = done.size();
+  for (const PageRun& run : RunsOf(std::move(done))) {
+    const uint64_t end = run.first_page + run.num_pages;
+    for (uint64_t p = run.first_page; p < end;) {
+      const uint64_t first = p;
+      while (p < end && writer_[p] == writer_[first]) {
+        free_when_unpinned_[p] = 0;
+        owner_[p++] = kNoOwner;
+      }
+      Release(first, p - first, writer_[first]);
     }
-    Release(run.first_page, run.num_pages);
   }
-  cached_pages_ -= done.size();
-  freed_when_unpinned_pages_ -= done.size();
+  cached_pages_ -= released;
+  freed_when_unpinned_pages_ -= released;
 }
 
 absl::StatusOr<uint64_t> SlotAllocator::Cache(const std::vector<PageRun>& runs,
@@ -223,8 +231,10 @@ absl::StatusOr<uint64_t> SlotAllocator::UncacheLocked(
         continue;
       }
       const uint64_t first = p;
-      while (p < end && in_flight_[p] == 0) owner_[p++] = kNoOwner;
-      Release(first, p - first);
+      while (p < end && in_flight_[p] == 0 && writer_[p] == writer_[first]) {
+        owner_[p++] = kNoOwner;
+      }
+      Release(first, p - first, writer_[first]);  // the publisher's bytes
       freed += p - first;
     }
   }

@@ -32,7 +32,8 @@ ABSL_FLAG(std::string, out, "tests/bench/results",
 #define HOSTKV_BENCH_TIER_SECTION ""
 #endif
 ABSL_FLAG(std::string, sections,
-          "control,request_cost,allocator,daemon_alloc,copy,daemon_copy,"
+          "control,request_cost,allocator,daemon_alloc,alloc_zeroing,copy,"
+          "daemon_copy,"
           "pool_start,cache,cache_rpc" HOSTKV_BENCH_TIER_SECTION,
           "comma-separated sections to run");
 ABSL_FLAG(bool, quick, false, "fewer samples and smaller sizes (smoke run)");
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
       absl::StrSplit(absl::GetFlag(FLAGS_sections), ',', absl::SkipEmpty());
   const std::set<std::string> sections(list.begin(), list.end());
   static const std::set<std::string> known = {
-      "control",     "request_cost", "allocator", "daemon_alloc",
+      "control",     "request_cost", "allocator", "daemon_alloc", "alloc_zeroing",
       "copy",        "daemon_copy",  "pool_start", "cache",
       "cache_rpc",   "tier"};
   for (const std::string& s : sections) {
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   if (sections.contains("request_cost")) RunRequestCost(options, report);
   if (sections.contains("allocator")) RunAllocator(options, report);
   if (sections.contains("daemon_alloc")) RunDaemonAlloc(options, report);
+  if (sections.contains("alloc_zeroing")) RunAllocZeroing(options, report);
   if (sections.contains("copy")) RunCopy(options, report);
   if (sections.contains("daemon_copy")) RunDaemonCopy(options, report);
   if (sections.contains("pool_start")) RunPoolStart(options, report);

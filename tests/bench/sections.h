@@ -49,6 +49,9 @@ void RunRequestCost(const Options& options, Report& report);
 // Section 2: in-process SlotAllocator; 2b: allocator through the daemon.
 void RunAllocator(const Options& options, Report& report);
 void RunDaemonAlloc(const Options& options, Report& report);
+// Section 2c: Alloc through the daemon when its pages must be zeroed, or
+// need not be (a session's own bytes), beside pages that cost nothing.
+void RunAllocZeroing(const Options& options, Report& report);
 // Section 3: in-process copy engine; 3b: the same through the daemon.
 void RunCopy(const Options& options, Report& report);
 void RunDaemonCopy(const Options& options, Report& report);

@@ -220,11 +220,13 @@ TEST_F(ScrubbingAllocatorTest, FreedPagesScrubBeforeReuseAndCountAsFree) {
   EXPECT_EQ(0u, alloc_.free_extents());  // nothing zeroed yet
   EXPECT_TRUE(Scrubbed().empty());       // Free itself zeroes nothing
 
-  // Allocate zeroes (inline, no background thread here) what it takes.
+  // Allocate zeroes (inline, no background thread here) what it takes,
+  // the pages of the ended session first (FreeAllOwnedBy: nobody takes them
+  // back), before Alice's own Free.
   absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(7, kBob);
   ASSERT_OK(runs);
-  EXPECT_EQ((std::vector<PageRun>{{10, 5}, {0, 2}}), Scrubbed());
-  EXPECT_EQ((std::vector<PageRun>{{0, 2}, {10, 5}}), *runs);
+  EXPECT_EQ((std::vector<PageRun>{{0, 7}}), Scrubbed());
+  EXPECT_EQ((std::vector<PageRun>{{0, 7}}), *runs);
   EXPECT_EQ(93u, alloc_.free_pages());
   EXPECT_EQ(93u, alloc_.scrubbing_pages());
   EXPECT_EQ(7u, alloc_.pages_owned_by(kBob));
@@ -249,6 +251,75 @@ TEST_F(ScrubbingAllocatorTest, ExhaustionCountsScrubbingPagesAndIsExact) {
   EXPECT_TRUE(Scrubbed().empty());  // nothing zeroed for a refused request
   EXPECT_EQ(8u, alloc_.free_pages());
   EXPECT_OK(alloc_.Allocate(8, kBob));  // free + scrubbing suffice
+}
+
+// Zeroing off the allocation path: a page that holds only a session's own
+// bytes goes back to it unzeroed; every other session gets zeroed pages.
+TEST_F(ScrubbingAllocatorTest, FreedPagesGoBackToTheirSessionUnzeroed) {
+  ASSERT_OK(alloc_.Allocate(100, kAlice));
+  ASSERT_OK(alloc_.Free({{20, 10}}, kAlice));
+  absl::StatusOr<std::vector<PageRun>> again = alloc_.Allocate(10, kAlice);
+  ASSERT_OK(again);
+  EXPECT_EQ((std::vector<PageRun>{{20, 10}}), *again);
+  EXPECT_TRUE(Scrubbed().empty());  // its own bytes: nothing to zero
+  EXPECT_EQ(0u, alloc_.scrubbing_pages());
+  EXPECT_EQ(100u, alloc_.pages_owned_by(kAlice));
+
+  ASSERT_OK(alloc_.Free({{20, 10}}, kAlice));
+  absl::StatusOr<std::vector<PageRun>> bobs = alloc_.Allocate(10, kBob);
+  ASSERT_OK(bobs);
+  EXPECT_EQ((std::vector<PageRun>{{20, 10}}), *bobs);
+  EXPECT_EQ((std::vector<PageRun>{{20, 10}}), Scrubbed());  // Alice's bytes
+}
+
+TEST_F(ScrubbingAllocatorTest, OwnPagesFirstThenZeroedOnesNeverAnothersUnzeroed) {
+  ASSERT_OK(alloc_.Allocate(50, kAlice));   // [0, 50)
+  ASSERT_OK(alloc_.Allocate(50, kBob));     // [50, 100)
+  ASSERT_OK(alloc_.Free({{0, 3}}, kAlice));
+  ASSERT_OK(alloc_.Free({{50, 4}}, kBob));
+  // Alice asks for 5: her 3 back unzeroed, 2 of Bob's zeroed first.
+  absl::StatusOr<std::vector<PageRun>> runs = alloc_.Allocate(5, kAlice);
+  ASSERT_OK(runs);
+  EXPECT_EQ((std::vector<PageRun>{{0, 3}, {50, 2}}), *runs);
+  EXPECT_EQ((std::vector<PageRun>{{50, 2}}), Scrubbed());
+  EXPECT_EQ(52u, alloc_.pages_owned_by(kAlice));
+  EXPECT_EQ(2u, alloc_.scrubbing_pages());  // Bob's [52, 54)
+  EXPECT_EQ(2u, alloc_.free_pages());
+}
+
+TEST_F(ScrubbingAllocatorTest, EvictedPagesGoBackUnzeroedOnlyToTheirPublisher) {
+  ASSERT_OK(alloc_.Allocate(100, kAlice));
+  ASSERT_OK(alloc_.Cache({{10, 6}}, kAlice));
+  // The cache evicts a chain leaf first: pages in descending order. They
+  // are freed as one run holding Alice's bytes; Bob's two come zeroed, from
+  // the run's start.
+  auto evict = [](uint64_t) { return std::vector<uint64_t>{15, 14, 13, 12, 11, 10}; };
+  absl::StatusOr<std::vector<PageRun>> bobs = alloc_.Allocate(2, kBob, evict);
+  ASSERT_OK(bobs);
+  EXPECT_EQ((std::vector<PageRun>{{10, 2}}), *bobs);
+  EXPECT_EQ((std::vector<PageRun>{{10, 2}}), Scrubbed());
+  EXPECT_EQ(0u, alloc_.cached_pages());
+  EXPECT_EQ(4u, alloc_.scrubbing_pages());
+  // Alice, who published them, takes the other four back unzeroed.
+  absl::StatusOr<std::vector<PageRun>> alices = alloc_.Allocate(4, kAlice);
+  ASSERT_OK(alices);
+  EXPECT_EQ((std::vector<PageRun>{{12, 4}}), *alices);
+  EXPECT_EQ((std::vector<PageRun>{{10, 2}}), Scrubbed());  // nothing more
+  EXPECT_EQ(0u, alloc_.scrubbing_pages());
+}
+
+TEST_F(ScrubbingAllocatorTest, TheBackgroundScrubberLeavesASessionItsFreshPages) {
+  ASSERT_OK(alloc_.Allocate(10, kAlice));
+  ASSERT_OK(alloc_.Free({{0, 5}}, kAlice));   // Alice may take these back
+  EXPECT_EQ(5u, alloc_.FreeAllOwnedBy(kAlice));  // ended: nobody's
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(alloc_.ScrubPending(100));  // nobody's pages: at once
+  EXPECT_EQ((std::vector<PageRun>{{5, 5}}), Scrubbed());
+  ASSERT_TRUE(alloc_.ScrubPending(100));  // Alice's: after the window
+  EXPECT_GE(absl::Now() - start, SlotAllocator::kReuseWindow);
+  EXPECT_EQ((std::vector<PageRun>{{5, 5}, {0, 5}}), Scrubbed());
+  EXPECT_EQ(0u, alloc_.scrubbing_pages());
+  EXPECT_EQ(1u, alloc_.free_extents());
 }
 
 TEST(ScrubbingAllocatorWaitTest, AllocateWaitsForTheBatchBeingScrubbed) {
@@ -667,12 +738,16 @@ TEST(AllocatorWithPageCacheTest, ConcurrentEvictionAndReadsKeepBytesAndCounts) {
       }
       std::vector<std::string> names;
       std::vector<PublishItem> items;
-      const uint8_t value = static_cast<uint8_t>(1 + (t * kRounds + i) % 255);
+      // Each publisher's values are its own: 1..127, 128..254.
+      const uint8_t value = static_cast<uint8_t>(1 + t * 127 + i % 127);
       for (const PageRun& run : *runs) {
         for (uint64_t p = run.first_page; p < run.first_page + run.num_pages;
              ++p) {
           for (size_t b = 0; b < kPageBytes; ++b) {
-            EXPECT_EQ(0, bytes[p * kPageBytes + b]);  // scrubbed
+            // Scrubbed, or bytes this publisher itself wrote (its own
+            // page, evicted): never the other publisher's.
+            const uint8_t old = bytes[p * kPageBytes + b];
+            EXPECT_TRUE(old == 0 || (old - 1) / 127 == t) << int(old);
             bytes[p * kPageBytes + b] = value;
           }
           names.push_back(absl::StrCat("t", t, "-", i, "-", p));
