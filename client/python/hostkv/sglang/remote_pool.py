@@ -354,14 +354,8 @@ class RemoteHostKVCache:
 
     def _runs(self, host_indices, device_indices):
         """(host page runs, device slot runs); on the submitter's thread."""
-        host_runs = idx.page_runs(host_indices.get(), self.page_size, self.size)
-        device_runs = idx.slot_runs(device_indices.get(), self._device_slots)
-        host_tokens = sum(n for _, n in host_runs) * self.page_size
-        device_tokens = sum(n for _, n in device_runs)
-        if host_tokens != device_tokens:
-            raise errors.InvalidArgument(
-                f"{host_tokens} host indices but {device_tokens} device indices")
-        return host_runs, device_runs
+        return idx.transfer_runs(host_indices.get(), device_indices.get(), self.page_size,
+                                 self.size, self._device_slots)
 
     def _submit(self, method, host_indices, device_indices, mechanism, layer_begin):
         """Hands one transfer to the submitter; returns its Pending."""
