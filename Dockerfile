@@ -21,7 +21,12 @@
 # the test-only ones: gtest/gmock, benchmark, python3-*, clang, and
 # redis-server/redis-tools, the servers the tier tests start). libhiredis-dev:
 # hostkvd's Redis/Valkey tier client.
-FROM debian:12 AS build
+# Base images by digest (the tag says which: Debian 12 "bookworm", the
+# 2026-09-18 snapshot; digests of the multi-platform index, from
+# docker-library/repo-info repos/debian/remote/bookworm-20260918*.md). To
+# move on: `docker buildx imagetools inspect debian:bookworm-YYYYMMDD` (and
+# -slim), then both FROM lines.
+FROM debian:bookworm-20260918@sha256:f37a335e82bca302e955fa39f9dfe28f1be618f016f8a2b56318e5a5111afc26 AS build
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -50,7 +55,7 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
 # Redis/Valkey storage tier (--tier=redis://...); c-ares, re2, OpenSSL and
 # zlib come as their dependencies, libstdc++ with the base image). No compiler, no headers. tests/deploy checks that every library ldd
 # finds comes from this list's package closure.
-FROM debian:12-slim AS runtime
+FROM debian:bookworm-20260918-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251 AS runtime
 ARG DEBIAN_FRONTEND=noninteractive
 LABEL org.opencontainers.image.title="hostkvd" \
       org.opencontainers.image.description="node-local host KV-cache daemon for LLM inference engines (CPU backend)" \

@@ -1226,6 +1226,12 @@ def check_dockerfile(workdir, cli):
             f"the runtime stage starts FROM stage {runtime['from']} (inherits its toolchain)")
     F.check(not re.search(r"(devel|-dev\b)", runtime["from"]), where,
             f"runtime base {runtime['from']} is a development image")
+    for stage in stages:
+        if stage["from"] in names:
+            continue
+        F.check(re.fullmatch(r"[a-z0-9./-]+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}", stage["from"]),
+                where, f"line {stage['line']}: base image {stage['from']} is not pinned by "
+                       f"digest (IMAGE:TAG@sha256:...): a tag moves under a rebuild")
 
     def last(stage, word):
         found = [rest for _, w, rest in stage["ins"] if w == word]
