@@ -1018,10 +1018,16 @@ def check_k8s_file(path, docs, protos, cli, workdir):
                         f"{sock_src}, is {src}")
                 F.check(eshm and eshm[0] == "hostPath" and shm and shm[0] == "hostPath", where,
                         "across pods both must use the host's /dev/shm (hostIPC + hostPath)")
+            # The socket is 0660 (uid/gid 10001): the engine needs that uid or
+            # that group. Its device buffers are sealed memfds it passes over
+            # the session socket, so any uid with socket access works.
             euid = security(spec, c, "runAsUser")
-            F.check(euid == uid, where,
-                    f"runAsUser {euid}: the CPU backend needs the daemon's uid {uid} (the "
-                    f"daemon opens the engine's 0600 shared-memory device buffers)")
+            pod = spec.get("securityContext") or {}
+            groups = {security(spec, c, "runAsGroup"), pod.get("fsGroup"),
+                      *(pod.get("supplementalGroups") or [])}
+            F.check(euid == uid or uid in groups, where,
+                    f"runAsUser {euid} without group {uid}: cannot open the daemon's socket "
+                    f"(mode 0660; runAsGroup, fsGroup or supplementalGroups {uid})")
         F.check(matched, where, f"{SOCKET_ENV}={target} is not the socket of any hostkvd in "
                                 f"the file ({[s[0] for s in sockets]})")
 
@@ -1152,10 +1158,11 @@ def check_compose_file(path, doc, protos, cli, workdir):
                 f"ipc: {s.get('ipc')}: must be service:{owner[0]} to share its /dev/shm")
         F.check("shm_size" not in s, where, "shm_size on a service that joins another's IPC "
                                             "namespace has no effect")
-        user = str(s.get("user", IMAGE_UID if is_hostkvd_image(s.get("image")) else "")
-                   ).split(":")[0]
-        F.check(user == str(IMAGE_UID), where,
-                f"user '{user}': the CPU backend needs the daemon's uid {IMAGE_UID}")
+        user = str(s.get("user", IMAGE_UID if is_hostkvd_image(s.get("image")) else ""))
+        groups = {user.partition(":")[2], *(str(g) for g in s.get("group_add") or [])}
+        F.check(user.split(":")[0] == str(IMAGE_UID) or str(IMAGE_UID) in groups, where,
+                f"user '{user}' without group {IMAGE_UID}: cannot open the daemon's socket "
+                f"(mode 0660; user {IMAGE_UID}, group {IMAGE_UID} or group_add)")
         dep = s.get("depends_on") or {}
         F.check(isinstance(dep, dict) and (dep.get(owner[0]) or {}).get("condition")
                 == "service_healthy", where,

@@ -115,6 +115,11 @@ class Harness {
   // harness_model.cc
   absl::Status Attach(const SessionId& id, const PeerCredentials& peer);
   bool OwnsDeviceSegments(const SessionModel* m) const;
+  // What a request naming a pool that does not exist gets: NotFound, or
+  // InvalidArgument ("pool is required") for the empty name.
+  static bool IsUnknownPoolAnswer(const std::string& pool, const absl::Status& s) {
+    return pool.empty() ? absl::IsInvalidArgument(s) : absl::IsNotFound(s);
+  }
   bool CheckSessionAnswer(const SessionId& id, const absl::Status& s,
                           const char* what);
   static void CheckExhausted(const absl::Status& s, bool limit_hit,

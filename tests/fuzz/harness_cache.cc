@@ -93,7 +93,7 @@ void Harness::DoPublish() {
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Publish")) return;
   if (pool == nullptr) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "Publish in unknown pool: ",
+    FUZZ_CHECK(IsUnknownPoolAnswer(r.pool(), s.status()), "Publish in unknown pool: ",
                s.status().ToString());
     return;
   }
@@ -166,7 +166,7 @@ void Harness::DoLookup() {
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Lookup")) return;
   if (pool == nullptr) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "Lookup in unknown pool");
+    FUZZ_CHECK(IsUnknownPoolAnswer(r.pool(), s.status()), "Lookup in unknown pool");
     return;
   }
   if (!MayUsePool(pool_owners_.at(r.pool()), *m)) {

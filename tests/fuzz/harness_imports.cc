@@ -296,7 +296,7 @@ void Harness::DoRegister() {
   Note(s.ok());
   if (!CheckSessionAnswer(session_id, s.status(), "Register")) return;
   if (pool == nullptr) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "Register for unknown pool ",
+    FUZZ_CHECK(IsUnknownPoolAnswer(pool_name, s.status()), "Register for unknown pool ",
                pool_name, ": ", s.status().ToString());
     return;
   }

@@ -170,7 +170,7 @@ void Harness::DoFetchPoolSegment() {
   }
   auto owner = pool_owners_.find(pool);
   if (owner == pool_owners_.end()) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "FetchPoolSegment of unknown pool ",
+    FUZZ_CHECK(IsUnknownPoolAnswer(pool, s.status()), "FetchPoolSegment of unknown pool ",
                pool, ": ", s.status().ToString());
     return;
   }

@@ -166,7 +166,7 @@ void Harness::DoDeletePool() {
   if (!CheckSessionAnswer(r.session_id(), s.status(), "DeletePool")) return;
   const SessionModel& m = *FindLive(r.session_id());
   if (!existed) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "DeletePool of unknown ", r.pool(),
+    FUZZ_CHECK(IsUnknownPoolAnswer(r.pool(), s.status()), "DeletePool of unknown ", r.pool(),
                ": ", s.status().ToString());
     return;
   }

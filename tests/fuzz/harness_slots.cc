@@ -28,7 +28,7 @@ void Harness::DoAlloc() {
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Alloc")) return;
   SessionModel* m = FindLive(r.session_id());
   if (pool == nullptr) {
-    FUZZ_CHECK(absl::IsNotFound(s.status()), "Alloc in unknown pool ", r.pool(),
+    FUZZ_CHECK(IsUnknownPoolAnswer(r.pool(), s.status()), "Alloc in unknown pool ", r.pool(),
                ": ", s.status().ToString());
     return;
   }
@@ -85,6 +85,11 @@ void Harness::DoFree() {
   auto s = handler_.Free(r);
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Free")) return;
+  if (runs.empty() && pool != nullptr) {  // freeing nothing is a no-op
+    FUZZ_CHECK(s.ok() && s->pages_freed() == 0, "Free of no pages: ",
+               s.status().ToString());
+    return;
+  }
   if (!s.ok()) {
     FUZZ_CHECK(!(owned && outstanding_ == 0),
                "Free of owned idle pages refused: ", s.status().ToString(),
