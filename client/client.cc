@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -155,6 +157,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      " (is it running? is the socket path right?)"));
   }
   impl->stub = v1::HostKV::NewStub(impl->channel);
+  if (const char* ring = std::getenv("HOSTKV_COMMAND_RING");
+      ring != nullptr && std::string_view(ring) == "0") {
+    impl->want_ring = false;
+  }
   if (unix_socket) {
     RETURN_IF_ERROR(impl->OpenOverSessionSocket(target.substr(5), client_name));
     return std::unique_ptr<Client>(new Client(std::move(impl)));
@@ -217,9 +223,40 @@ absl::Status Client::Impl::OpenOverSessionSocket(const std::string& socket_path,
   session_number = reply.session_number;
   signal_slots = reply.signal_slots;
   open = true;
+  std::shared_ptr<RingClient> opened = OpenRing(fd.get(), reply.features);
+  {
+    absl::MutexLock lock(&ring_mu);
+    ring = std::move(opened);
+  }
   absl::MutexLock lock(&socket_mu);
   session_socket = std::move(fd);
   return absl::OkStatus();
+}
+
+std::shared_ptr<RingClient> Client::Impl::OpenRing(int socket,
+                                                   uint32_t features) {
+  if (!want_ring || (features & kSessionFeatureCommandRing) == 0) return nullptr;
+  ScopedFd ring_fd;
+  absl::StatusOr<SessionReply> reply = SessionExchange(
+      socket, NewSessionMessage(SessionMessageKind::kOpenCommandRing), -1,
+      &ring_fd);
+  if (!reply.ok() || ring_fd.get() < 0) return nullptr;  // calls use gRPC
+  absl::StatusOr<std::unique_ptr<RingClient>> mapped =
+      RingClient::Map(ring_fd.get(), reply->value);
+  if (!mapped.ok()) return nullptr;
+  return std::shared_ptr<RingClient>(std::move(*mapped));
+}
+
+bool Client::Impl::SessionSocketHungUp() {
+  int fd;
+  {
+    absl::MutexLock lock(&socket_mu);
+    fd = session_socket.get();
+  }
+  if (fd < 0) return true;
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 &&
+         (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 absl::StatusOr<uint64_t> Client::PassDescriptor(int fd) {
@@ -283,6 +320,11 @@ absl::StatusOr<Client::PoolSegment> Client::FetchPoolSegment(
 
 const std::string& Client::session_id() const { return impl_->session_id; }
 uint32_t Client::session_number() const { return impl_->session_number; }
+
+int64_t Client::CommandRingCalls() const {
+  std::shared_ptr<RingClient> ring = impl_->Ring();
+  return ring == nullptr ? -1 : static_cast<int64_t>(ring->calls());
+}
 
 void Client::Impl::StopWatcher() {
   if (!watcher.joinable()) return;
@@ -435,7 +477,7 @@ absl::StatusOr<std::vector<PageRange>> Client::Alloc(const std::string& pool,
   request.set_num_tokens(num_tokens);
   ASSIGN_OR_RETURN(v1::AllocResponse response,
                    (impl_->Call<v1::AllocRequest, v1::AllocResponse>(
-                       &v1::HostKV::Stub::Alloc, request)));
+                       &v1::HostKV::Stub::Alloc, request, RingMethod::kAlloc)));
   return ToPageRanges(response.pages());
 }
 
@@ -447,7 +489,7 @@ absl::StatusOr<uint64_t> Client::Free(const std::string& pool,
   FillRuns(pages, request.mutable_pages());
   ASSIGN_OR_RETURN(v1::FreeResponse response,
                    (impl_->Call<v1::FreeRequest, v1::FreeResponse>(
-                       &v1::HostKV::Stub::Free, request)));
+                       &v1::HostKV::Stub::Free, request, RingMethod::kFree)));
   return response.pages_freed();
 }
 
@@ -494,7 +536,8 @@ absl::StatusOr<Operation> Client::Transfer(
   ASSIGN_OR_RETURN(
       v1::TransferResponse response,
       (impl_->Call<v1::TransferRequest, v1::TransferResponse>(
-          load ? &v1::HostKV::Stub::Load : &v1::HostKV::Stub::Backup, request)));
+          load ? &v1::HostKV::Stub::Load : &v1::HostKV::Stub::Backup, request,
+          load ? RingMethod::kLoad : RingMethod::kBackup)));
   if (response.signal_index() >= impl_->signal_slots) {
     return absl::InternalError("the daemon returned a signal index out of range");
   }

@@ -28,7 +28,7 @@ absl::StatusOr<PublishOutcomes> Client::Publish(
   }
   ASSIGN_OR_RETURN(v1::PublishResponse response,
                    (impl_->Call<v1::PublishRequest, v1::PublishResponse>(
-                       &v1::HostKV::Stub::Publish, request)));
+                       &v1::HostKV::Stub::Publish, request, RingMethod::kPublish)));
   if (response.results_size() != request.items_size()) {
     return absl::InternalError(
         absl::StrCat("the daemon answered ", response.results_size(),
@@ -56,7 +56,7 @@ absl::StatusOr<LookupResult> Client::Lookup(
   for (const std::string& key : keys) request.add_keys(key);
   ASSIGN_OR_RETURN(v1::LookupResponse response,
                    (impl_->Call<v1::LookupRequest, v1::LookupResponse>(
-                       &v1::HostKV::Stub::Lookup, request)));
+                       &v1::HostKV::Stub::Lookup, request, RingMethod::kLookup)));
   LookupResult result;
   result.hits = response.hits();
   result.pages = ToPageRanges(response.pages());
@@ -76,7 +76,7 @@ absl::StatusOr<uint64_t> Client::Release(const std::string& pool,
   FillRuns(pages, request.mutable_pages());
   ASSIGN_OR_RETURN(v1::ReleaseResponse response,
                    (impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(
-                       &v1::HostKV::Stub::Release, request)));
+                       &v1::HostKV::Stub::Release, request, RingMethod::kRelease)));
   return response.released();
 }
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "hostkv/client.h"
+#include "client/command_ring_client.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
 #include "proto/contract/session_socket.h"
@@ -56,13 +58,52 @@ struct Client::Impl {
   absl::Status OpenOverSessionSocket(const std::string& socket_path,
                                      const std::string& client_name);
 
+  // The session's command ring (a unix: target and a daemon that serves
+  // one); replaced on Resume. Null: every call goes over gRPC.
+  bool want_ring = true;  // HOSTKV_COMMAND_RING=0 turns it off
+  absl::Mutex ring_mu;
+  std::shared_ptr<RingClient> ring ABSL_GUARDED_BY(ring_mu);
+  std::shared_ptr<RingClient> Ring() ABSL_LOCKS_EXCLUDED(ring_mu) {
+    absl::MutexLock lock(&ring_mu);
+    return ring;
+  }
+  // Asks for the ring on session socket `socket` if the daemon announced
+  // it in `features`; null if not served or refused.
+  std::shared_ptr<RingClient> OpenRing(int socket, uint32_t features);
+  // Whether the session socket hung up (the daemon is gone).
+  bool SessionSocketHungUp() ABSL_LOCKS_EXCLUDED(socket_mu);
+
   // Calls one unary method with a deadline and converts the status; on a
   // unix: target, waits for an absent daemon and resumes the session
-  // (Recover) before trying again.
+  // (Recover) before trying again. With `ring_method` (a hot call), it
+  // goes through the command ring when there is one.
   template <typename Request, typename Response, typename Method>
-  absl::StatusOr<Response> Call(Method method, const Request& request) {
+  absl::StatusOr<Response> Call(Method method, const Request& request,
+                                std::optional<RingMethod> ring_method = {}) {
     RecoveryState recovery;
     while (true) {
+      if (ring_method.has_value()) {
+        const uint64_t seen = generation.load();
+        if (std::shared_ptr<RingClient> r = Ring()) {
+          std::optional<absl::StatusOr<std::string>> answer =
+              r->Call(*ring_method, request.SerializeAsString(),
+                      absl::Seconds(60), [this] { return SessionSocketHungUp(); });
+          if (answer.has_value()) {
+            if (answer->ok()) {
+              Response response;
+              if (!response.ParseFromString(**answer)) {
+                return absl::InternalError("the command ring's answer is unparsable");
+              }
+              return response;
+            }
+            if (absl::Status retry = Recover(answer->status(), seen, recovery);
+                !retry.ok()) {
+              return retry;
+            }
+            continue;
+          }
+        }
+      }
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::seconds(60));

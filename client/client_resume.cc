@@ -73,6 +73,11 @@ absl::Status Client::Impl::Resume(uint64_t seen) {
   if (fresh.size() < uint64_t{reply->signal_slots} * sizeof(OpSignal)) {
     return absl::InternalError("the signal segment is smaller than announced");
   }
+  std::shared_ptr<RingClient> fresh_ring = OpenRing(fd.get(), reply->features);
+  {
+    absl::MutexLock ring_lock(&ring_mu);
+    ring = std::move(fresh_ring);
+  }
   {
     absl::MutexLock socket_lock(&socket_mu);
     session_socket = std::move(fd);

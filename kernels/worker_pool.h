@@ -13,6 +13,10 @@
 namespace hostkv {
 
 // Thread-safe; ParallelFor calls from several threads are serialized.
+// Makes the calling thread batch work (SCHED_BATCH): copy threads, which
+// must not preempt request threads when they wake.
+void RunAsBatchWork();
+
 class WorkerPool {
  public:
   // Starts num_threads - 1 workers; the calling thread is the last one.

@@ -8,25 +8,24 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "proto/contract/command_ring.h"
 
 namespace hostkv {
-namespace {
 
 // Shared (not FUTEX_PRIVATE) futexes: the word lives in a segment mapped by
 // two processes.
-void FutexWakeAll(const std::atomic<uint32_t>* word) {
+void FutexWakeShared(const std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE,
           INT32_MAX, nullptr, nullptr, 0);
 }
 
-void FutexWait(const std::atomic<uint32_t>* word, uint32_t expected,
-               absl::Duration timeout) {
+void FutexWaitShared(const std::atomic<uint32_t>* word, uint32_t expected,
+                     absl::Duration timeout) {
   timespec ts = absl::ToTimespec(timeout);
   syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAIT,
           expected, &ts, nullptr, 0);
 }
 
-}  // namespace
 
 void BeginOpSignal(OpSignal& signal, uint64_t op_id) {
   signal.op_id.store(op_id, std::memory_order_seq_cst);
@@ -40,12 +39,12 @@ void PublishLayersDone(OpSignal& signal, uint32_t layers_done) {
          !signal.progress.compare_exchange_weak(current, layers_done,
                                                 std::memory_order_seq_cst)) {
   }
-  FutexWakeAll(&signal.progress);
+  FutexWakeShared(&signal.progress);
 }
 
 void PublishFailure(OpSignal& signal) {
   signal.progress.fetch_or(OpSignal::kFailedBit, std::memory_order_seq_cst);
-  FutexWakeAll(&signal.progress);
+  FutexWakeShared(&signal.progress);
 }
 
 absl::Status WaitForLayers(const OpSignal& signal, uint64_t op_id,
@@ -70,7 +69,7 @@ absl::Status WaitForLayers(const OpSignal& signal, uint64_t op_id,
           absl::StrCat("operation ", op_id, ": ", progress, " of ", layers,
                        " layers done when the wait timed out"));
     }
-    FutexWait(&signal.progress, progress, left);
+    FutexWaitShared(&signal.progress, progress, left);
   }
 }
 

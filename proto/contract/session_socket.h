@@ -12,6 +12,8 @@
 //   client -> daemon: SessionMessage {kFetchPoolSegment, client_name = pool}
 //                                               daemon: SessionReply {value} + fd
 //   client -> daemon: SessionMessage {kResume}  daemon: SessionReply + signal fd
+//   client -> daemon: SessionMessage {kOpenCommandRing}
+//                                               daemon: SessionReply {value} + ring fd
 // One session per connection; it ends when the connection closes.
 #ifndef HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
 #define HOSTKV_PROTO_CONTRACT_SESSION_SOCKET_H_
@@ -70,6 +72,12 @@ enum class SessionMessageKind : uint32_t {
   // survive") when the daemon holds no such session; PermissionDenied for
   // another uid; FailedPrecondition if the session never went away.
   kResume = 6,
+  // Asks for the session's command ring (proto/contract/command_ring.h):
+  // the reply carries a read-write memfd of the ring's segment, `value` its
+  // size in bytes. One ring per connection (asking again returns the same
+  // ring); ResourceExhausted when the daemon runs its most rings (the
+  // client then stays on gRPC). Needs an attached session.
+  kOpenCommandRing = 7,
 };
 
 struct SessionMessage {
@@ -84,6 +92,11 @@ struct SessionMessage {
   uint64_t import_id;
 };
 
+// SessionReply::features: what this daemon serves beyond version 2's
+// records (a client asks for nothing a daemon did not announce: an unknown
+// record kind ends the connection).
+inline constexpr uint32_t kSessionFeatureCommandRing = 1;  // kOpenCommandRing
+
 struct SessionReply {
   uint32_t code;  // absl::StatusCode; 0 = done
   uint32_t kind;  // the request's kind
@@ -92,7 +105,7 @@ struct SessionReply {
   uint32_t session_number;              // kOpen, kAttach
   uint32_t signal_slots;                // kOpen, kAttach (segment as an fd)
   uint32_t lease_seconds;               // kOpen
-  uint32_t reserved;
+  uint32_t features;  // kOpen, kAttach, kResume: kSessionFeature* bits
   char message[208];  // the error, NUL-terminated
 };
 

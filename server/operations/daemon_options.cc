@@ -116,6 +116,14 @@ ABSL_FLAG(int, max_session_connections, 8192,
           "connections to the session socket, all users together");
 ABSL_FLAG(int, max_session_connections_per_uid, 512,
           "connections to the session socket per uid");
+ABSL_FLAG(int, max_command_rings, 256,
+          "command rings (an engine's hot calls through shared memory, one "
+          "thread each) of all sessions together; 0: none, every call over "
+          "gRPC");
+ABSL_FLAG(absl::Duration, command_ring_spin, absl::Microseconds(250),
+          "how long a command ring's thread polls after a call before it "
+          "sleeps (a call to a sleeping ring pays a thread wake-up); 0: "
+          "never poll");
 ABSL_FLAG(absl::Duration, attach_timeout, absl::Seconds(10),
           "a session-socket connection that opened or attached no session by "
           "then is closed");
@@ -202,6 +210,8 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "max_session_connections",
                                              "max_session_connections_per_uid",
                                              "attach_timeout",
+                                             "max_command_rings",
+                                             "command_ring_spin",
                                              "max_imports_per_session",
                                              "max_import_bytes_per_session",
                                              "max_imports_per_uid",
@@ -312,6 +322,16 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
       o.connections.max_connections_per_uid,
       CountFlag("max_session_connections_per_uid",
                 absl::GetFlag(FLAGS_max_session_connections_per_uid)));
+  ASSIGN_OR_RETURN(o.connections.max_command_rings,
+                   CountFlag("max_command_rings",
+                             absl::GetFlag(FLAGS_max_command_rings), 0));
+  o.connections.command_ring_spin = absl::GetFlag(FLAGS_command_ring_spin);
+  if (o.connections.command_ring_spin < absl::ZeroDuration() ||
+      o.connections.command_ring_spin > absl::Milliseconds(10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--command_ring_spin must be in [0, 10ms], got ",
+        absl::FormatDuration(o.connections.command_ring_spin)));
+  }
   o.connections.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
   if (o.connections.attach_timeout < absl::Milliseconds(100)) {
     return absl::InvalidArgumentError(

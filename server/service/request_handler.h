@@ -139,6 +139,11 @@ class RequestHandler {
   absl::StatusOr<v1::GetPoolStatsResponse> GetPoolStats(
       const v1::GetPoolStatsRequest& request);
 
+  // The pools (the command ring sizes Alloc's answers with them) and the
+  // metrics (null: none).
+  const PoolRegistry& pools() const { return *pools_; }
+  DaemonMetrics* metrics() const { return metrics_; }
+
   // The storage tier under every pool's page cache (null: none). Set once,
   // before requests are served; it must outlive the requests.
   void set_tier(CacheTier* tier) { tier_ = tier; }

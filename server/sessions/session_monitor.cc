@@ -363,6 +363,10 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
     Reply(fd, reply, segment.ok() ? segment->fd.get() : -1);
     return true;
   }
+  if (kind == SessionMessageKind::kOpenCommandRing) {
+    OpenCommandRing(fd, c);
+    return true;
+  }
   if (kind != SessionMessageKind::kOpen && kind != SessionMessageKind::kAttach &&
       kind != SessionMessageKind::kResume) {
     Reply(fd, ReplyFor(kind, absl::InvalidArgumentError(
@@ -398,9 +402,41 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
   reply.session_number = session.tag();
   reply.signal_slots = session.signals()->records();
   reply.lease_seconds = 0;  // lives as long as the connection
+  reply.features = kSessionFeatureCommandRing;
   c.session = session.id();
   Reply(fd, reply, attached->signal_fd.get());
   return true;
+}
+
+void SessionMonitor::OpenCommandRing(int fd, Connection& c) {
+  const auto kind = SessionMessageKind::kOpenCommandRing;
+  if (c.session.empty()) {
+    Reply(fd, ReplyFor(kind, absl::FailedPreconditionError(
+                                 "open or attach a session first")));
+    return;
+  }
+  if (c.ring == nullptr) {
+    if (rings_ >= limits_.max_command_rings) {
+      Reply(fd, ReplyFor(kind, absl::ResourceExhaustedError(absl::StrCat(
+                                   rings_, " command rings run, the most this "
+                                   "daemon serves; use gRPC"))));
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<CommandRing>> ring =
+        CommandRing::Start(handler_, c.session, limits_.command_ring_spin);
+    if (!ring.ok()) {
+      spdlog::warn("session socket: cannot start a command ring: {}",
+                   ring.status().ToString());
+      Reply(fd, ReplyFor(kind, ring.status()));
+      return;
+    }
+    c.ring = std::move(*ring);
+    ++rings_;
+  }
+  absl::StatusOr<ScopedFd> ring_fd = c.ring->ClientFd();
+  SessionReply reply = ReplyFor(kind, ring_fd.status());
+  if (ring_fd.ok()) reply.value = c.ring->size();
+  Reply(fd, reply, ring_fd.ok() ? ring_fd->get() : -1);
 }
 
 void SessionMonitor::CloseConnection(ScopedFd fd) {
@@ -415,12 +451,22 @@ void SessionMonitor::Drop(int fd) {
   SessionId session = std::move(it->second.session);
   auto uid = per_uid_.find(it->second.uid);
   if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);
+  if (it->second.ring != nullptr) {
+    // Its thread may be in a call (a Lookup waiting for the tier): it ends
+    // after it, without holding up this loop.
+    it->second.ring->Stop();
+    retiring_rings_.push_back(std::move(it->second.ring));
+    --rings_;
+  }
   connections_.erase(it);
   count_.store(connections_.size());
   if (!session.empty()) reaper_.End(std::move(session), "disconnected");
 }
 
 void SessionMonitor::DropLate() {
+  std::erase_if(retiring_rings_, [](const std::unique_ptr<CommandRing>& ring) {
+    return ring->ended();
+  });
   const absl::Time cutoff = absl::Now() - limits_.attach_timeout;
   std::vector<int> late;
   for (const auto& [fd, c] : connections_) {

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
+#include "server/service/command_ring.h"
 #include "server/service/request_handler.h"
 #include "server/sessions/descriptor_closer.h"
 #include "server/sessions/session_reaper.h"
@@ -33,6 +34,11 @@ struct ConnectionLimits {
   // A connection that has not opened or attached a session by then is
   // closed.
   absl::Duration attach_timeout = absl::Seconds(10);
+  // Command rings (one thread each) of all connections together; beyond
+  // it a client asking for one is refused and stays on gRPC.
+  uint32_t max_command_rings = 256;
+  // How long a ring's thread polls after a call before it sleeps.
+  absl::Duration command_ring_spin = CommandRing::kDefaultSpin;
 };
 
 // Runs one thread; Start and the destructor are not thread-safe.
@@ -58,6 +64,7 @@ class SessionMonitor {
     absl::Time accepted;
     SessionId session;  // empty until opened or attached
     bool refused_descriptor = false;  // logged once per connection
+    std::unique_ptr<CommandRing> ring;  // once asked for (kOpenCommandRing)
   };
 
   SessionMonitor(RequestHandler* handler, std::string socket_path,
@@ -83,6 +90,9 @@ class SessionMonitor {
   void CloseConnection(ScopedFd fd);
   void Drop(int fd);
   void DropLate();
+  // kOpenCommandRing: the connection's ring (started on first ask) and a
+  // descriptor of it.
+  void OpenCommandRing(int fd, Connection& c);
 
   RequestHandler* const handler_;
   const std::string socket_path_;
@@ -95,6 +105,10 @@ class SessionMonitor {
   absl::flat_hash_map<int, Connection> connections_;
   absl::flat_hash_map<uid_t, uint32_t> per_uid_;
   std::atomic<size_t> count_{0};
+  // Rings of dropped connections whose threads still finish a call; freed
+  // by DropLate once ended.
+  std::vector<std::unique_ptr<CommandRing>> retiring_rings_;
+  size_t rings_ = 0;  // rings of open connections
   DescriptorCloser closer_;
   SessionReaper reaper_;
   std::thread thread_;

@@ -133,6 +133,7 @@ uint64_t TransferEngine::queued() const {
 }
 
 void TransferEngine::DispatchLoop() {
+  RunAsBatchWork();  // it copies too (WorkerPool's caller shard)
   while (std::optional<Pending> pending = Next()) {
     std::optional<Pending> rest = Step(std::move(*pending));
     if (rest.has_value()) {

@@ -13,6 +13,12 @@
 //                    buffer, until the call returns (the copy is enqueued)
 //   load_wait        the same load until Client::Wait returns (all layers
 //                    copied)
+//   backup_submit    Client::Backup of the same page(s) out of the device
+//                    buffer, until the call returns (the wait is untimed)
+//
+// With --pages=N every operation but the bare ones moves N pages (one run
+// each side). The hot calls go through the session's command ring unless
+// HOSTKV_COMMAND_RING=0 is set.
 //
 // and prints, at the end, one JSON object on stdout: per operation n, p50
 // and p99 in microseconds, ops/s of one caller (1 / mean), and the p50 of
@@ -21,6 +27,7 @@
 // alternate C++ and Python rounds against the same daemon.
 //
 //   client_cost_bench --target=unix:/tmp/x/hostkvd.sock --pool=cost
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -38,6 +45,7 @@ ABSL_FLAG(std::string, target, "",
           "the daemon, e.g. unix:/run/hostkv/hostkvd.sock");
 ABSL_FLAG(std::string, pool, "",
           "an existing MHA or MLA pool to allocate from and load out of");
+ABSL_FLAG(int, pages, 1, "pages per alloc, free, load and backup");
 ABSL_FLAG(int, rounds, 10, "rounds to run (ignored with --stdin_rounds)");
 ABSL_FLAG(int, per_round, 200, "calls of each operation per round");
 ABSL_FLAG(int, warmup, 100, "untimed calls of each operation before round 1");
@@ -70,8 +78,9 @@ struct OpSamples {
 // Single-threaded.
 class ClientCostBench {
  public:
-  ClientCostBench(const std::string& target, const std::string& pool)
-      : pool_(pool), health_(target) {
+  ClientCostBench(const std::string& target, const std::string& pool,
+                  uint32_t num_pages)
+      : pool_(pool), pages_(num_pages), health_(target) {
     absl::StatusOr<std::unique_ptr<Client>> client =
         Client::Connect(target, "client-cost-bench-cpp");
     CheckOk(client, "connect");
@@ -83,14 +92,15 @@ class ClientCostBench {
     absl::StatusOr<v1::Pool> info = client_->GetPool(pool_);
     CheckOk(info, "get pool " + pool_);
     page_size_ = info->spec().page_size();
+    tokens_ = uint64_t{pages_} * page_size_;
     RegisterDeviceBuffer(*info);
-    absl::StatusOr<std::vector<PageRange>> pages =
-        client_->Alloc(pool_, page_size_);
-    CheckOk(pages, "alloc the page to load");
-    load_pages_ = *pages;
+    absl::StatusOr<std::vector<PageRange>> to_load =
+        client_->Alloc(pool_, tokens_);
+    CheckOk(to_load, "alloc the pages to load");
+    load_pages_ = *to_load;
     alloc_request_.set_session_id(client_->session_id());
     alloc_request_.set_pool(pool_);
-    alloc_request_.set_num_tokens(page_size_);
+    alloc_request_.set_num_tokens(tokens_);
   }
 
   // `n` untimed calls of every operation.
@@ -100,6 +110,7 @@ class ClientCostBench {
       FreeOrDie(AllocBareStub());
       FreeOrDie(AllocOrDie());
       LoadOnce();
+      BackupOnce();
     }
   }
 
@@ -130,6 +141,9 @@ class ClientCostBench {
       ops_["load_submit"].Add(submit_ns);
       ops_["load_wait"].Add(total_ns);
     }
+    for (int i = 0; i < per_round; ++i) {
+      ops_["backup_submit"].Add(BackupOnce());
+    }
     for (auto& [name, op] : ops_) op.EndRound();
   }
 
@@ -149,7 +163,10 @@ class ClientCostBench {
     }
     return absl::StrCat("{\"language\": \"C++\", \"build\": \"",
                         HOSTKV_BENCH_BUILD_TYPE, ", ", HOSTKV_BENCH_COMPILER,
-                        "\", \"page_size\": ", page_size_, ", \"ops\": {",
+                        "\", \"page_size\": ", page_size_,
+                        ", \"pages\": ", pages_, ", \"command_ring\": ",
+                        client_->CommandRingCalls() >= 0 ? "true" : "false",
+                        ", \"ops\": {",
                         absl::StrJoin(ops, ", "), "}}\n");
   }
 
@@ -161,7 +178,7 @@ class ClientCostBench {
     const uint32_t layers = mla ? info.spec().geometry().mla().num_layers()
                                 : info.spec().geometry().mha().num_layers();
     const uint32_t planes = mla ? 1 : 2;
-    const uint64_t slots = 4 * uint64_t{page_size_};
+    const uint64_t slots = std::max<uint64_t>(4, pages_) * page_size_;
     const uint64_t bytes = slots * info.token_stride();
     absl::StatusOr<ShmDeviceBuffer> shm =
         ShmDeviceBuffer::CreateSealed(bytes * layers * planes);
@@ -185,7 +202,7 @@ class ClientCostBench {
 
   std::vector<PageRange> AllocOrDie() {
     absl::StatusOr<std::vector<PageRange>> pages =
-        client_->Alloc(pool_, page_size_);
+        client_->Alloc(pool_, tokens_);
     CheckOk(pages, "alloc");
     return *pages;
   }
@@ -212,7 +229,7 @@ class ClientCostBench {
   std::pair<double, double> LoadOnce() {
     const Clock::time_point t0 = Clock::now();
     absl::StatusOr<Operation> op =
-        client_->Load(pool_, import_id_, load_pages_, {{0, page_size_}});
+        client_->Load(pool_, import_id_, load_pages_, {{0, tokens_}});
     const Clock::time_point t1 = Clock::now();
     CheckOk(op, "load");
     CheckOk(client_->Wait(*op), "wait");
@@ -220,7 +237,21 @@ class ClientCostBench {
     return {NanosBetween(t0, t1), NanosBetween(t0, t2)};
   }
 
+  // Backs the pages up out of slots [0, tokens); returns the nanoseconds to
+  // the call's return (the wait that follows is untimed).
+  double BackupOnce() {
+    const Clock::time_point t0 = Clock::now();
+    absl::StatusOr<Operation> op =
+        client_->Backup(pool_, import_id_, load_pages_, {{0, tokens_}});
+    const Clock::time_point t1 = Clock::now();
+    CheckOk(op, "backup");
+    CheckOk(client_->Wait(*op), "wait");
+    return NanosBetween(t0, t1);
+  }
+
   const std::string pool_;
+  const uint32_t pages_;
+  uint64_t tokens_ = 0;
   HealthCaller health_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<v1::HostKV::Stub> stub_;
@@ -242,7 +273,9 @@ int main(int argc, char** argv) {
   const std::string pool = absl::GetFlag(FLAGS_pool);
   if (target.empty() || pool.empty()) Die("--target and --pool are required");
   const int per_round = absl::GetFlag(FLAGS_per_round);
-  hostkv::bench::ClientCostBench bench(target, pool);
+  if (absl::GetFlag(FLAGS_pages) < 1) Die("--pages must be at least 1");
+  hostkv::bench::ClientCostBench bench(target, pool,
+                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_pages)));
   bench.Warmup(absl::GetFlag(FLAGS_warmup));
   if (absl::GetFlag(FLAGS_stdin_rounds)) {
     std::printf("ready\n");

@@ -14,6 +14,13 @@ process). Each times, on one thread, the same operations:
   load_submit      Client load of that 1 page (one run) into a registered
                    sealed-memfd device buffer, until the call returns
   load_wait        the same, until wait() returns (both layers copied)
+  backup_submit    Client backup of the same page(s), until the call returns
+
+With --pages=N every operation but the bare call moves N pages (one run
+each side). Both clients send the hot calls through the session's command
+ring (proto/contract/command_ring.h) unless --command_ring=off.
+--matrix runs 1, 16 and 256 pages with the ring on and off, one daemon
+each, and prints one table of p50s beside the bare call.
 
 Each round runs `per_round` calls of each operation in C++, then in
 Python (Python first in odd rounds). Prints a Markdown table: p50/p99
@@ -27,6 +34,7 @@ or a row is missing.
   tests/bench/run.sh --python_client           # builds, then runs this
   python3 tests/bench/python_client_bench.py [--build_dir=build-bench]
       [--quick] [--rounds=N] [--per_round=N] [--json=FILE]
+      [--pages=N] [--command_ring=on|off] [--matrix]
 """
 import argparse
 import datetime
@@ -50,11 +58,12 @@ BARE = "health_check"
 # (key, what the row shows), in the order each round runs them.
 OPS = [
     ("health_check", "bare unary gRPC call (Health/Check)"),
-    ("alloc_bare_stub", "Alloc 1 page, generated stub only"),
-    ("alloc", "Client alloc, 16 tokens (1 page)"),
-    ("free", "Client free, 1 page"),
-    ("load_submit", "Client load submit, 1 page (enqueued)"),
+    ("alloc_bare_stub", "Alloc, generated stub only"),
+    ("alloc", "Client alloc"),
+    ("free", "Client free"),
+    ("load_submit", "Client load submit (enqueued)"),
     ("load_wait", "Client load + wait (2 layers copied)"),
+    ("backup_submit", "Client backup submit (enqueued)"),
 ]
 # What the Python client passes to grpc.insecure_channel (client.py).
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20),
@@ -118,11 +127,12 @@ class PythonCost:
     """The Python half: one hostkv.Client session, a bare channel beside it,
     a registered device buffer and one page to load from. Single-threaded."""
 
-    def __init__(self, hostkv, grpc, target):
+    def __init__(self, hostkv, grpc, target, pages=1, ring=True):
         pb = hostkv.pb
         from hostkv._proto import hostkv_pb2_grpc  # pylint: disable=import-outside-toplevel
-        self.client = hostkv.Client(target, "client-cost-bench-py")
+        self.client = hostkv.Client(target, "client-cost-bench-py", command_ring=ring)
         self.pool = POOL
+        self.tokens = pages * PAGE_SIZE
         info = self.client.create_pool(hostkv.mha_pool_spec(
             POOL, num_layers=LAYERS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
             page_size=PAGE_SIZE, dtype="bf16", layout="page_first",
@@ -136,10 +146,10 @@ class PythonCost:
             sys.exit("the bare health check did not answer SERVING")
         self.stub = hostkv_pb2_grpc.HostKVStub(self.channel)
         self.alloc_request = pb.AllocRequest(session_id=self.client.session_id,
-                                             pool=POOL, num_tokens=PAGE_SIZE)
+                                             pool=POOL, num_tokens=self.tokens)
         # The device side: one sealed memfd with K then V of every layer,
-        # 4 pages of slots each, passed over the session socket.
-        slots = 4 * PAGE_SIZE
+        # max(4, pages) pages of slots each, passed over the session socket.
+        slots = max(4, pages) * PAGE_SIZE
         nbytes = slots * info.token_stride
         self.device = hostkv.shm.SealedBuffer(nbytes * LAYERS * 2)
         handle = self.client.pass_descriptor(self.device.fd)
@@ -147,7 +157,7 @@ class PythonCost:
         v = [hostkv.shm.describe_passed(handle, (LAYERS + l) * nbytes, nbytes)
              for l in range(LAYERS)]
         self.import_id = self.client.register_device_buffers(POOL, slots, k, v)
-        self.load_pages = self.client.alloc(POOL, PAGE_SIZE)
+        self.load_pages = self.client.alloc(POOL, self.tokens)
         self.samples = {key: [] for key, _ in OPS}
         self.round_p50 = {key: [] for key, _ in OPS}
 
@@ -159,9 +169,11 @@ class PythonCost:
         for _ in range(n):
             self.health(b"")
             self.client.free(POOL, self.alloc_bare_stub())
-            self.client.free(POOL, self.client.alloc(POOL, PAGE_SIZE))
+            self.client.free(POOL, self.client.alloc(POOL, self.tokens))
             self.client.wait(self.client.load(POOL, self.import_id, self.load_pages,
-                                              [(0, PAGE_SIZE)]))
+                                              [(0, self.tokens)]))
+            self.client.wait(self.client.backup(POOL, self.import_id, self.load_pages,
+                                                [(0, self.tokens)]))
 
     def round(self, per_round):
         """per_round timed calls of each operation, in the order of OPS."""
@@ -179,13 +191,13 @@ class PythonCost:
             client.free(pool, pages)
         for _ in range(per_round):
             t0 = now()
-            pages = client.alloc(pool, PAGE_SIZE)
+            pages = client.alloc(pool, self.tokens)
             t1 = now()
             client.free(pool, pages)
             t2 = now()
             got["alloc"].append(t1 - t0)
             got["free"].append(t2 - t1)
-        device_slots = [(0, PAGE_SIZE)]
+        device_slots = [(0, self.tokens)]
         for _ in range(per_round):
             t0 = now()
             op = client.load(pool, self.import_id, self.load_pages, device_slots)
@@ -194,6 +206,11 @@ class PythonCost:
             t2 = now()
             got["load_submit"].append(t1 - t0)
             got["load_wait"].append(t2 - t0)
+        for _ in range(per_round):
+            t0 = now()
+            op = client.backup(pool, self.import_id, self.load_pages, device_slots)
+            got["backup_submit"].append(now() - t0)
+            client.wait(op)
         for key, values in got.items():
             self.samples[key].extend(values)
             self.round_p50[key].append(percentile(values, 50) / 1e3)
@@ -208,7 +225,9 @@ class PythonCost:
                         "p99_us": percentile(values, 99) / 1e3,
                         "ops_per_s": 1e9 / mean_ns if mean_ns else 0,
                         "round_p50_us": self.round_p50[key]}
-        return {"language": "Python", "page_size": PAGE_SIZE, "ops": ops}
+        return {"language": "Python", "page_size": PAGE_SIZE,
+                "pages": self.tokens // PAGE_SIZE,
+                "command_ring": self.client.uses_command_ring, "ops": ops}
 
     def close(self):
         self.channel.close()
@@ -219,11 +238,12 @@ class PythonCost:
 class CppCost:
     """client_cost_bench as a child, one round per line it is sent."""
 
-    def __init__(self, binary, target, per_round, warmup):
+    def __init__(self, binary, target, per_round, warmup, pages=1, ring=True):
+        env = dict(os.environ, HOSTKV_COMMAND_RING="1" if ring else "0")
         self.process = subprocess.Popen(
             [binary, f"--target={target}", f"--pool={POOL}", f"--per_round={per_round}",
-             f"--warmup={warmup}", "--stdin_rounds"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             f"--warmup={warmup}", f"--pages={pages}", "--stdin_rounds"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._expect("ready")
 
     def _expect(self, word):
@@ -325,6 +345,12 @@ def parse_args():
     parser.add_argument("--per_round", type=int, help="default 100 (quick: 20)")
     parser.add_argument("--warmup", type=int, help="default 200 (quick: 10)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--pages", type=int, default=1,
+                        help="pages per alloc, free, load and backup (default 1)")
+    parser.add_argument("--command_ring", choices=("on", "off"), default="on",
+                        help="hot calls through the command ring (default) or gRPC")
+    parser.add_argument("--matrix", action="store_true",
+                        help="1, 16 and 256 pages, ring on and off: one summary table")
     args = parser.parse_args()
     defaults = (4, 20, 10) if args.quick else (100, 100, 200)
     for name, value in zip(("rounds", "per_round", "warmup"), defaults):
@@ -344,12 +370,14 @@ def parse_args():
     return args
 
 
-def run(args, hostkv, grpc):
+def run(args, hostkv, grpc, pages=None, ring=None):
+    pages = args.pages if pages is None else pages
+    ring = (args.command_ring == "on") if ring is None else ring
     daemon = Daemon(args.hostkvd, hostkv)
     py = cpp = None
     try:
-        py = PythonCost(hostkv, grpc, daemon.target)
-        cpp = CppCost(args.cpp_bench, daemon.target, args.per_round, args.warmup)
+        py = PythonCost(hostkv, grpc, daemon.target, pages, ring)
+        cpp = CppCost(args.cpp_bench, daemon.target, args.per_round, args.warmup, pages, ring)
         py.warmup(args.warmup)
         start = time.monotonic()
         for r in range(args.rounds):
@@ -367,6 +395,43 @@ def run(args, hostkv, grpc):
         daemon.stop()
 
 
+MATRIX_OPS = ["alloc", "free", "load_submit", "backup_submit"]
+
+
+def matrix(args, hostkv, grpc, load_before):
+    """p50 of the hot calls at 1, 16 and 256 pages, through the ring and
+    through gRPC, beside the bare call of the same run."""
+    rows = []
+    for pages in (1, 16, 256):
+        runs = {}
+        for ring in (True, False):
+            cpp, py, _, _ = run(args, hostkv, grpc, pages, ring)
+            for lang in (cpp, py):
+                if lang["command_ring"] != ring:
+                    sys.exit(f"{lang['language']}: command ring {lang['command_ring']}, "
+                             f"wanted {ring}")
+            runs[ring] = (cpp["ops"], py["ops"])
+            log(f"{pages} pages, ring {'on' if ring else 'off'} done")
+        for key in MATRIX_OPS:
+            cells = [key, str(pages)]
+            for lang in (0, 1):
+                on, off = runs[True][lang], runs[False][lang]
+                cells += [fmt(on[key]["p50_us"]), fmt(off[key]["p50_us"]),
+                          fmt(on[BARE]["p50_us"]),
+                          ratio_cell(ratios(on, key, off, key))]
+            rows.append("| " + " | ".join(cells) + " |")
+    print(f"- {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, git {git_rev()}, "
+          f"{cpu_model()}, {os.cpu_count()} hardware threads, load {load_before:.2f} / "
+          f"{os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.per_round} calls, "
+          f"page_size {PAGE_SIZE}")
+    print()
+    print("| call | pages | C++ ring p50 us | C++ gRPC p50 us | C++ bare call us | "
+          "C++ ring / gRPC | Python ring p50 us | Python gRPC p50 us | Python bare call us "
+          "| Python ring / gRPC |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print("\n".join(rows))
+
+
 def main():
     args = parse_args()
     os.environ["HOSTKV_PROTO_DIR"] = args.proto_dir
@@ -378,6 +443,9 @@ def main():
     import hostkv.shm  # noqa: F401
 
     load_before = os.getloadavg()[0]
+    if args.matrix:
+        matrix(args, hostkv, grpc, load_before)
+        return
     cpp, py, seconds, flags = run(args, hostkv, grpc)
     missing = [f"{lang['language']} {key}" for lang in (cpp, py) for key, _ in OPS
                if lang["ops"].get(key, {}).get("n") != args.rounds * args.per_round]

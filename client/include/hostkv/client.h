@@ -139,6 +139,11 @@ class Client {
   const std::string& session_id() const;
   // The session's public number (stats, HandOverPages).
   uint32_t session_number() const;
+  // Calls answered through the session's command ring so far (Alloc,
+  // Free, Load, Backup, Lookup, Release, Publish go through it on a unix:
+  // target whose daemon serves one, unless HOSTKV_COMMAND_RING=0); -1
+  // without a ring: every call goes over gRPC.
+  int64_t CommandRingCalls() const;
 
   // Creates a pool; with attach_if_exists, an existing pool with the same
   // spec is returned instead of AlreadyExists. With delete_with_session a

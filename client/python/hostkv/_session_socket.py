@@ -17,12 +17,14 @@ SUFFIX = ".session"
 SESSION_ID_BYTES = 16
 KIND_OPEN, KIND_ATTACH, KIND_PASS_FD, KIND_FETCH_KV_WORD, KIND_FETCH_POOL_SEGMENT = 1, 2, 3, 4, 5
 KIND_RESUME = 6  # after a daemon restart: the session's secret in session_id
+KIND_OPEN_COMMAND_RING = 7  # the session's command ring (hostkv._command_ring)
+FEATURE_COMMAND_RING = 1  # SessionReply.features: the daemon serves kOpenCommandRing
 
 # SessionMessage {u32 magic, version, kind, pid; u8 session_id[16];
 #                 char client_name[216]; u64 import_id}
 _MESSAGE = struct.Struct("=IIII16s216sQ")
 # SessionReply {u32 code, kind; u64 value; u8 session_id[16];
-#               u32 session_number, signal_slots, lease_seconds, reserved;
+#               u32 session_number, signal_slots, lease_seconds, features;
 #               char message[208]}
 _REPLY = struct.Struct("=IIQ16sIIII208s")
 assert _MESSAGE.size == 256 and _REPLY.size == 256
@@ -38,7 +40,7 @@ class Reply:
 
     def __init__(self, fields, fd):
         (_, self.kind, self.value, self.session_id, self.session_number,
-         self.signal_slots, self.lease_seconds, _, _) = fields
+         self.signal_slots, self.lease_seconds, self.features, _) = fields
         self.fd = fd  # a descriptor passed with the reply, or -1
 
 

@@ -27,7 +27,8 @@ import weakref
 
 import grpc
 
-from . import _daemon_contact, _resume, _session_socket, _signals, _target, errors, pool_mapping
+from . import (_command_ring, _daemon_contact, _resume, _session_socket, _signals, _target,
+               errors, pool_mapping)
 from .cache_calls import CacheCalls
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
@@ -119,9 +120,13 @@ class Client(CacheCalls):
     """
 
     def __init__(self, target=None, client_name="python", auth_token=None,
-                 connect_timeout=5.0, reconnect_timeout=None):
+                 connect_timeout=5.0, reconnect_timeout=None, command_ring=None):
         self._lock = threading.Lock()  # guards _socket and _open
         self._socket = None
+        self._ring = None
+        if command_ring is None:
+            command_ring = os.environ.get("HOSTKV_COMMAND_RING", "1") != "0"
+        self._want_ring = bool(command_ring) and _command_ring.SUPPORTED
         self._open = False
         self._signals = None
         self._stop_renewing = threading.Event()
@@ -167,6 +172,15 @@ class Client(CacheCalls):
                 f"cannot reach hostkvd at {target} (is it running? is the socket path "
                 "right?)") from None
         self._stub = pb_grpc.HostKVStub(self._channel)
+        self._ring_methods = {
+            self._stub.Alloc: (_command_ring.METHODS["Alloc"], pb.AllocResponse),
+            self._stub.Free: (_command_ring.METHODS["Free"], pb.FreeResponse),
+            self._stub.Load: (_command_ring.METHODS["Load"], pb.TransferResponse),
+            self._stub.Backup: (_command_ring.METHODS["Backup"], pb.TransferResponse),
+            self._stub.Lookup: (_command_ring.METHODS["Lookup"], pb.LookupResponse),
+            self._stub.Release: (_command_ring.METHODS["Release"], pb.ReleaseResponse),
+            self._stub.Publish: (_command_ring.METHODS["Publish"], pb.PublishResponse),
+        }
         _open_clients.add(self)
         try:
             if unix_socket:
@@ -203,6 +217,36 @@ class Client(CacheCalls):
         with self._lock:
             self._socket = sock
             self._open = True
+        self._ring = self._open_ring(sock, reply.features)
+
+    def _open_ring(self, sock, features):
+        """The session's command ring on `sock`, or None (not wanted, not
+        served, or refused: the calls then go over gRPC)."""
+        if not self._want_ring or not features & _session_socket.FEATURE_COMMAND_RING:
+            return None
+        try:
+            reply = _session_socket.exchange(
+                sock, _session_socket.message(_session_socket.KIND_OPEN_COMMAND_RING))
+        except errors.HostKVError as e:
+            logging.getLogger("hostkv").info("hostkv: no command ring (%s); calls use gRPC", e)
+            return None
+        if reply.fd < 0:
+            return None
+        try:
+            return _command_ring.CommandRing(reply.fd, reply.value, self._hung_up)
+        finally:
+            os.close(reply.fd)
+
+    @property
+    def uses_command_ring(self):
+        """True while the hot calls go through the session's command ring."""
+        return self._ring is not None
+
+    @property
+    def command_ring_calls(self):
+        """Calls answered through the command ring so far; -1 without one."""
+        ring = self._ring
+        return -1 if ring is None else ring.calls
 
     def _open_over_rpc(self, client_name):
         response = self._call(self._stub.OpenSession, pb.OpenSessionRequest(
@@ -310,6 +354,9 @@ class Client(CacheCalls):
             if self._socket is not None:
                 self._socket.close()
                 self._socket = None
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
         if getattr(self, "_channel", None) is not None:
             self._channel.close()
             self._channel = None
@@ -340,6 +387,15 @@ class Client(CacheCalls):
     def _call_once(self, method, request):
         if self._channel is None:
             raise errors.FailedPrecondition("the client is closed")
+        ring = self._ring
+        if ring is not None and method in self._ring_methods:
+            ring_method, response_type = self._ring_methods[method]
+            answer = ring.call(ring_method, request.SerializeToString(), _CALL_TIMEOUT)
+            if answer is not None:
+                code, data = answer
+                if code == 0:
+                    return response_type.FromString(data)
+                raise errors.from_code(code, data.decode("utf-8", "replace"))
         try:
             return method(request, timeout=_CALL_TIMEOUT, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -655,8 +711,12 @@ class Client(CacheCalls):
             except BaseException:
                 sock.close()
                 raise
+            ring = self._open_ring(sock, reply.features)
             with self._lock:
                 old, self._socket = self._socket, sock
+            old_ring, self._ring = self._ring, ring
+            if old_ring is not None:
+                old_ring.close()
             self._signals = signals
             self._records.segments[self._records.generation + 1] = signals
             if old is not None:
