@@ -19,12 +19,19 @@ absl::StatusOr<PublishOutcomes> Client::Publish(
   request.set_pool(pool);
   request.set_namespace_(cache_namespace);
   request.set_acquire(acquire);
+  // One prompt's pages in order (each parent the key before): sent chained,
+  // every key once.
+  bool chained = items.size() > 1;
+  for (size_t i = 1; chained && i < items.size(); ++i) {
+    chained = items[i].parent_key == items[i - 1].key;
+  }
+  request.set_chained(chained);
   request.mutable_items()->Reserve(static_cast<int>(items.size()));
-  for (const CacheItem& item : items) {
+  for (size_t i = 0; i < items.size(); ++i) {
     v1::CacheItem* out = request.add_items();
-    out->set_key(item.key);
-    out->set_parent_key(item.parent_key);
-    out->set_page(item.page);
+    out->set_key(items[i].key);
+    if (i == 0 || !chained) out->set_parent_key(items[i].parent_key);
+    out->set_page(items[i].page);
   }
   ASSIGN_OR_RETURN(v1::PublishResponse response,
                    (impl_->Call<v1::PublishRequest, v1::PublishResponse>(

@@ -40,6 +40,11 @@ absl::Status CheckPublishRequest(const v1::PublishRequest& request) {
   for (int i = 0; i < request.items_size(); ++i) {
     RETURN_IF_ERROR(CheckCacheKey(request.items(i).key(), i, false));
     RETURN_IF_ERROR(CheckCacheKey(request.items(i).parent_key(), i, true));
+    if (request.chained() && i > 0 && !request.items(i).parent_key().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item ", i, ": in a chained request only the first item names a "
+          "parent (the others' parent is the item before them)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -144,8 +149,12 @@ absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
   CrashPoint("publish");
   std::vector<PublishItem> items;
   items.reserve(request.items_size());
-  for (const v1::CacheItem& item : request.items()) {
-    items.push_back({item.key(), item.parent_key(), item.page()});
+  for (int i = 0; i < request.items_size(); ++i) {
+    const v1::CacheItem& item = request.items(i);
+    items.push_back({item.key(),
+                     request.chained() && i > 0 ? request.items(i - 1).key()
+                                                : item.parent_key(),
+                     item.page()});
   }
   absl::StatusOr<std::vector<PublishResult>> results = pool.cache().Publish(
       request.namespace_(), items, request.acquire(), tag);

@@ -143,8 +143,13 @@ absl::StatusOr<std::vector<SlotSpan>> TransferDeviceSpans(
 }
 
 absl::Status CheckNoOverlap(std::vector<SlotSpan> spans, const char* side) {
-  std::sort(spans.begin(), spans.end(),
-            [](const SlotSpan& a, const SlotSpan& b) { return a.first < b.first; });
+  const auto by_first = [](const SlotSpan& a, const SlotSpan& b) {
+    return a.first < b.first;
+  };
+  // Clients send runs in ascending order: one pass then, no sort.
+  if (!std::is_sorted(spans.begin(), spans.end(), by_first)) {
+    std::sort(spans.begin(), spans.end(), by_first);
+  }
   for (size_t i = 1; i < spans.size(); ++i) {
     if (spans[i - 1].first + spans[i - 1].count > spans[i].first) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -181,8 +181,9 @@ void Harness::PrintStats() const {
   }
   std::fprintf(stderr,
                "imports through passed fds: %" PRIu64
-               ", round trips through them: %" PRIu64 "\n",
-               passed_fd_imports_, passed_fd_round_trips_);
+               ", round trips through them: %" PRIu64
+               "; requests through the command ring's entry point: %" PRIu64 "\n",
+               passed_fd_imports_, passed_fd_round_trips_, ring_calls_);
 }
 
 // Waits for every copy to finish and the engine to drop its operations

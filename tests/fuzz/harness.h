@@ -44,7 +44,9 @@
 #include "server/pool/host_pool.h"
 #include "server/pool/memory_budget.h"
 #include "server/pool/pool_registry.h"
+#include "proto/contract/command_ring.h"
 #include "server/service/request_handler.h"
+#include "server/service/ring_call.h"
 #include "server/sessions/session_registry.h"
 #include "server/pool/slot_allocator.h"
 #include "server/transfer/transfer_engine.h"
@@ -239,6 +241,36 @@ class Harness {
                        bool existed);
   void OpenAttached();
 
+  // The handler's answer to `r`: from `direct()` (the handler's method, as
+  // gRPC calls it), or, when the input says so, through the command ring's
+  // entry point (RunRingCall, as a ring of the request's session runs it).
+  // Every model check then holds for both ways in. A request the ring
+  // cannot carry (a string field that is not UTF-8, an answer that might
+  // not fit) goes direct, as the clients send it over gRPC.
+  template <typename Response, typename Request, typename Direct>
+  absl::StatusOr<Response> ViaRingOrDirect(RingMethod method, const Request& r,
+                                           Direct direct) {
+    if (!fdp_->ConsumeBool()) return direct();
+    RingAnswer a = RunRingCall(handler_, pools_, r.session_id(),
+                               static_cast<uint32_t>(method),
+                               r.SerializeAsString(), absl::InfiniteFuture(),
+                               kRingSlotBytes - sizeof(RingSlot));
+    ++ring_calls_;
+    if (a.code == kRingUseGrpc ||
+        (a.code == static_cast<uint32_t>(absl::StatusCode::kInvalidArgument) &&
+         a.answer.find("is not a valid") != std::string::npos)) {
+      return direct();
+    }
+    if (a.code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(a.code), a.answer);
+    }
+    Response response;
+    if (!response.ParseFromString(a.answer)) {
+      return absl::InternalError("the ring's answer did not parse");
+    }
+    return response;
+  }
+
   const std::string prefix_;
   MemoryBudget budget_;
   PoolRegistry pools_;
@@ -257,6 +289,7 @@ class Harness {
   bool last_ok_ = false;
   uint64_t calls_[kOpCount][2] = {};  // [op][succeeded]
   uint64_t passed_fd_imports_ = 0;    // registrations through passed fds
+  uint64_t ring_calls_ = 0;           // requests through RunRingCall
   uint64_t passed_fd_round_trips_ = 0;
 };
 

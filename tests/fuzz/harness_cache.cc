@@ -89,7 +89,8 @@ void Harness::DoPublish() {
   }
   const bool ns_allowed =
       pool != nullptr && m != nullptr && MayUseNamespace(*pool, r.namespace_(), *m);
-  auto s = handler_.Publish(r);
+  auto s = ViaRingOrDirect<v1::PublishResponse>(RingMethod::kPublish, r,
+                                                [&] { return handler_.Publish(r); });
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Publish")) return;
   if (pool == nullptr) {
@@ -162,7 +163,8 @@ void Harness::DoLookup() {
   SessionModel* m = FindLive(r.session_id());
   const bool ns_allowed =
       pool != nullptr && m != nullptr && MayUseNamespace(*pool, r.namespace_(), *m);
-  auto s = handler_.Lookup(r);
+  auto s = ViaRingOrDirect<v1::LookupResponse>(RingMethod::kLookup, r,
+                                               [&] { return handler_.Lookup(r); });
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Lookup")) return;
   if (pool == nullptr) {
@@ -221,7 +223,8 @@ void Harness::DoRelease() {
     run->set_first_page(p);
     run->set_num_pages(1);
   }
-  auto s = handler_.Release(r);
+  auto s = ViaRingOrDirect<v1::ReleaseResponse>(RingMethod::kRelease, r,
+                                                [&] { return handler_.Release(r); });
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Release")) return;
   if (pool == nullptr) return;

@@ -23,7 +23,8 @@ void Harness::DoAlloc() {
                      fdp_->ConsumeIntegralInRange<uint64_t>(
                          1, std::min<uint64_t>(free_pages + 1, 64)));
   }
-  auto s = handler_.Alloc(r);
+  auto s = ViaRingOrDirect<v1::AllocResponse>(RingMethod::kAlloc, r,
+                                              [&] { return handler_.Alloc(r); });
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Alloc")) return;
   SessionModel* m = FindLive(r.session_id());
@@ -82,7 +83,8 @@ void Harness::DoFree() {
   std::vector<uint64_t> pages;
   const bool distinct = pool && DistinctPages(runs, num_pages, &pages);
   const bool owned = distinct && AllOwned(m, r.pool(), pages);
-  auto s = handler_.Free(r);
+  auto s = ViaRingOrDirect<v1::FreeResponse>(RingMethod::kFree, r,
+                                             [&] { return handler_.Free(r); });
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Free")) return;
   if (runs.empty() && pool != nullptr) {  // freeing nothing is a no-op

@@ -144,7 +144,9 @@ void Harness::AfterTransfer(const SessionId& session_id, bool allow_running) {
 void Harness::DoTransfer(bool load) {
   v1::TransferRequest r;
   BuildTransfer(&r);
-  auto s = load ? handler_.Load(r) : handler_.Backup(r);
+  auto s = ViaRingOrDirect<v1::TransferResponse>(
+      load ? RingMethod::kLoad : RingMethod::kBackup, r,
+      [&] { return load ? handler_.Load(r) : handler_.Backup(r); });
   Note(s.ok());
   if (!CheckSessionAnswer(r.session_id(), s.status(), "Transfer")) return;
   if (!s.ok()) return;

@@ -234,6 +234,62 @@ class CacheRequestsTest : public HandlerFixture {
   }
 };
 
+// A chained Publish names no parents after the first item, yet evicts as
+// explicit parents do: the chain's last page goes first, though it was
+// used last. Published unchained, a page of the prefix goes first.
+TEST_F(CacheRequestsTest, AChainedPublishTakesEachPreviousKeyAsParent) {
+  for (const bool chained : {true, false}) {
+    const SessionId s = OpenSession();
+    const std::vector<uint64_t> pages = AllocPages(s, 4);
+    v1::PublishRequest request;
+    request.set_session_id(s);
+    request.set_pool("p");
+    request.set_namespace_("model-a");
+    request.set_chained(chained);
+    for (int i = 0; i < 4; ++i) {
+      v1::CacheItem* item = request.add_items();
+      item->set_key(absl::StrCat("k", i));
+      item->set_page(pages[i]);
+    }
+    ASSERT_OK(handler_.Publish(request));
+    EXPECT_EQ(1u, Hits(s, {"k3"}));  // k3 is now the most recently used
+    // One page more than is free: one cached page is evicted.
+    AllocPages(s, Pool().allocator().free_pages() + 1);
+    if (chained) {
+      EXPECT_EQ(3u, Hits(s, Keys(0, 4)));
+    } else {
+      EXPECT_LT(Hits(s, Keys(0, 4)), 3u);  // the control: k3 outlived a parent
+    }
+    Close(s);
+    ExpectConsistent();
+    // The next round starts from an empty cache.
+    const SessionId drain = OpenSession();
+    AllocPages(drain, kPages);
+    Close(drain);
+  }
+}
+
+TEST_F(CacheRequestsTest, AChainedPublishRefusesLaterParentKeys) {
+  const SessionId s = OpenSession();
+  const std::vector<uint64_t> pages = AllocPages(s, 2);
+  v1::PublishRequest request;
+  request.set_session_id(s);
+  request.set_pool("p");
+  request.set_namespace_("model-a");
+  request.set_chained(true);
+  for (int i = 0; i < 2; ++i) {
+    v1::CacheItem* item = request.add_items();
+    item->set_key(absl::StrCat("k", i));
+    item->set_page(pages[i]);
+    item->set_parent_key("x");  // the first may, the second may not
+  }
+  auto refused = handler_.Publish(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("item 1"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(0u, Pool().cache().cached_pages());  // nothing was published
+}
+
 TEST_F(CacheRequestsTest, PublishedPagesOutliveTheirSessionAndLoadElsewhere) {
   const SessionId writer = OpenSession();
   const std::vector<uint64_t> pages = PublishFour(writer);

@@ -118,11 +118,16 @@ class CacheCalls:
             if len(parents) != len(keys):
                 raise errors.InvalidArgument(
                     f"{len(keys)} keys but {len(parents)} parent keys")
+        # One prompt's pages in order (each parent the key before): sent
+        # chained, every key once.
+        chained = len(keys) > 1 and parents[1:] == keys[:-1]
+        if chained:
+            parents = parents[:1] + [b""] * (len(keys) - 1)
         response = self._call(self._stub.Publish, pb.PublishRequest(
             session_id=self.session_id, pool=pool, namespace=namespace,
             items=[pb.CacheItem(key=k, parent_key=p, page=page)
                    for k, p, page in zip(keys, parents, own)],
-            acquire=acquire))
+            acquire=acquire, chained=chained))
         results = list(response.results)
         if len(results) != len(keys):
             raise errors.Internal(
