@@ -1,16 +1,15 @@
 // Section 1c: where a large Load request's time goes, in-process. The
 // TransferRequest of section 1's 1,000-page load (1,000 host page runs and
-// 1,000 device slot runs) is built and serialized as client/client.cc does,
-// and parsed as the daemon's generated service does, beside the same for one
-// run; then the same on a protobuf Arena, and as packed varint pairs (what a
-// packed `repeated uint64` encoding of the runs would cost).
+// 1,000 device slot runs) is built and serialized as client/client.cc does
+// (flat packed pairs: host_page_pairs, device_slot_pairs), and parsed as
+// gRPC's synchronous service does (on the heap) and as the command ring
+// does (on an Arena), beside the same for one run; then the encoding the
+// clients used before, one PageRun/SlotRun message per run.
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/arena.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "hostkv/v1/hostkv.pb.h"
 #include "tests/bench/sections.h"
 
@@ -34,11 +33,28 @@ Runs MakeRuns(uint64_t n) {
   return r;
 }
 
-// As Client::Transfer fills it.
-void Fill(const Runs& runs, v1::TransferRequest* request) {
+enum class Encoding { kPairs, kMessages };
+
+// As Client::Transfer fills it (kPairs), or one message per run (kMessages).
+void Fill(const Runs& runs, Encoding encoding, v1::TransferRequest* request) {
   request->set_session_id(std::string(16, '\x5a'));
   request->set_pool("ctl");
   request->set_import_id(1);
+  if (encoding == Encoding::kPairs) {
+    auto* host = request->mutable_host_page_pairs();
+    host->Reserve(static_cast<int>(2 * runs.host.size()));
+    for (const Run& p : runs.host) {
+      host->Add(p.first);
+      host->Add(p.count);
+    }
+    auto* device = request->mutable_device_slot_pairs();
+    device->Reserve(static_cast<int>(2 * runs.device.size()));
+    for (const Run& d : runs.device) {
+      device->Add(d.first);
+      device->Add(d.count);
+    }
+    return;
+  }
   request->mutable_host_pages()->Reserve(static_cast<int>(runs.host.size()));
   for (const Run& p : runs.host) {
     v1::PageRun* run = request->add_host_pages();
@@ -46,25 +62,18 @@ void Fill(const Runs& runs, v1::TransferRequest* request) {
     run->set_num_pages(p.count);
   }
   request->mutable_device_slots()->Reserve(static_cast<int>(runs.device.size()));
-  for (const Run& s : runs.device) {
+  for (const Run& d : runs.device) {
     v1::SlotRun* run = request->add_device_slots();
-    run->set_first_slot(s.first);
-    run->set_num_slots(s.count);
+    run->set_first_slot(d.first);
+    run->set_num_slots(d.count);
   }
 }
 
-double BuildSerialize(const Runs& runs, bool arena, std::string* out) {
+double BuildSerialize(const Runs& runs, Encoding encoding, std::string* out) {
   const Clock::time_point t0 = Clock::now();
-  if (arena) {
-    google::protobuf::Arena a;
-    auto* request = google::protobuf::Arena::CreateMessage<v1::TransferRequest>(&a);
-    Fill(runs, request);
-    request->SerializeToString(out);
-  } else {
-    v1::TransferRequest request;
-    Fill(runs, &request);
-    request.SerializeToString(out);
-  }
+  v1::TransferRequest request;
+  Fill(runs, encoding, &request);
+  request.SerializeToString(out);
   return NanosBetween(t0, Clock::now());
 }
 
@@ -81,59 +90,22 @@ double Parse(const std::string& wire, bool arena) {
   return NanosBetween(t0, Clock::now());
 }
 
-// The runs as packed varint pairs (first, count), one list per side.
-double PackedEncode(const Runs& runs, std::string* out) {
-  const Clock::time_point t0 = Clock::now();
-  out->clear();
-  {
-    google::protobuf::io::StringOutputStream stream(out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    for (const std::vector<Run>* side : {&runs.host, &runs.device}) {
-      coded.WriteVarint64(side->size());
-      for (const Run& r : *side) {
-        coded.WriteVarint64(r.first);
-        coded.WriteVarint64(r.count);
-      }
-    }
-  }
-  return NanosBetween(t0, Clock::now());
-}
-
-double PackedDecode(const std::string& wire) {
-  const Clock::time_point t0 = Clock::now();
-  google::protobuf::io::CodedInputStream coded(
-      reinterpret_cast<const uint8_t*>(wire.data()), static_cast<int>(wire.size()));
-  Runs runs;
-  for (std::vector<Run>* side : {&runs.host, &runs.device}) {
-    uint64_t n = 0;
-    if (!coded.ReadVarint64(&n)) Die("decode");
-    side->resize(n);
-    for (Run& r : *side) {
-      if (!coded.ReadVarint64(&r.first) || !coded.ReadVarint64(&r.count)) {
-        Die("decode");
-      }
-    }
-  }
-  return NanosBetween(t0, Clock::now());
-}
-
 }  // namespace
 
 void RunRequestCost(const Options& options, Report& report) {
   std::fprintf(stderr, "request encoding cost in-process\n");
   const int reps = options.quick ? 300 : 3000;
   const Runs one = MakeRuns(1), many = MakeRuns(1000);
-  Samples build1, parse1, build, parse, build_arena, parse_arena, enc, dec;
-  std::string wire1, wire, packed;
+  Samples build1, parse1, build, parse, parse_arena, build_msgs, parse_msgs;
+  std::string wire1, wire, wire_msgs;
   for (int i = 0; i < reps; ++i) {
-    build1.Add(BuildSerialize(one, false, &wire1));
+    build1.Add(BuildSerialize(one, Encoding::kPairs, &wire1));
     parse1.Add(Parse(wire1, false));
-    build.Add(BuildSerialize(many, false, &wire));
+    build.Add(BuildSerialize(many, Encoding::kPairs, &wire));
     parse.Add(Parse(wire, false));
-    build_arena.Add(BuildSerialize(many, true, &wire));
     parse_arena.Add(Parse(wire, true));
-    enc.Add(PackedEncode(many, &packed));
-    dec.Add(PackedDecode(packed));
+    build_msgs.Add(BuildSerialize(many, Encoding::kMessages, &wire_msgs));
+    parse_msgs.Add(Parse(wire_msgs, false));
   }
   struct Out {
     const char* name;
@@ -143,18 +115,16 @@ void RunRequestCost(const Options& options, Report& report) {
     const char* baseline;
   };
   const Out outs[] = {
-      {"TransferRequest build + serialize (client side)",
+      {"TransferRequest build + serialize (client side, pairs)",
        "1,000 + 1,000 runs", &build, &build1, "same, 1 + 1 run"},
-      {"TransferRequest parse + free (daemon side)", "1,000 + 1,000 runs",
-       &parse, &parse1, "same, 1 + 1 run"},
-      {"TransferRequest build + serialize on an Arena", "1,000 + 1,000 runs",
-       &build_arena, &build, "same, heap (as client.cc does)"},
-      {"TransferRequest parse on an Arena", "1,000 + 1,000 runs", &parse_arena,
-       &parse, "same, heap (as the sync service does)"},
-      {"Runs as packed varint pairs: encode", "1,000 + 1,000 runs", &enc,
-       &build, "TransferRequest build + serialize, heap"},
-      {"Runs as packed varint pairs: decode", "1,000 + 1,000 runs", &dec,
-       &parse, "TransferRequest parse, heap"},
+      {"TransferRequest parse + free (gRPC's sync service, heap)",
+       "1,000 + 1,000 runs", &parse, &parse1, "same, 1 + 1 run"},
+      {"TransferRequest parse on an Arena (the command ring)",
+       "1,000 + 1,000 runs", &parse_arena, &parse, "same, heap"},
+      {"One PageRun/SlotRun message per run: build + serialize",
+       "1,000 + 1,000 runs", &build_msgs, &build, "pairs (as client.cc)"},
+      {"One PageRun/SlotRun message per run: parse", "1,000 + 1,000 runs",
+       &parse_msgs, &parse, "pairs, heap"},
   };
   for (const Out& o : outs) {
     Row row;
@@ -166,8 +136,8 @@ void RunRequestCost(const Options& options, Report& report) {
     row.value = o.value->Median() / 1e3;
     row.baseline = o.baseline;
     row.baseline_value = o.base->Median() / 1e3;
-    row.note = absl::StrCat(wire.size(), " bytes on the wire as protobuf, ",
-                            packed.size(), " packed");
+    row.note = absl::StrCat(wire.size(), " bytes on the wire as pairs, ",
+                            wire_msgs.size(), " as messages");
     report.Add(row);
   }
 }
