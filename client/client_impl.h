@@ -96,6 +96,12 @@ struct Client::Impl {
               }
               return response;
             }
+            if (absl::IsUnavailable(answer->status())) {
+              // The daemon that served this ring is gone: calls wait for it
+              // over gRPC, and a resumed session gets a new ring.
+              absl::MutexLock lock(&ring_mu);
+              if (ring == r) ring.reset();
+            }
             if (absl::Status retry = Recover(answer->status(), seen, recovery);
                 !retry.ok()) {
               return retry;

@@ -390,7 +390,14 @@ class Client(CacheCalls):
         ring = self._ring
         if ring is not None and method in self._ring_methods:
             ring_method, response_type = self._ring_methods[method]
-            answer = ring.call(ring_method, request.SerializeToString(), _CALL_TIMEOUT)
+            try:
+                answer = ring.call(ring_method, request.SerializeToString(), _CALL_TIMEOUT)
+            except errors.Unavailable:
+                # The daemon that served this ring is gone: calls wait for
+                # it over gRPC, and a resumed session gets a new ring.
+                if self._ring is ring:
+                    self._ring = None
+                raise
             if answer is not None:
                 code, data = answer
                 if code == 0:
