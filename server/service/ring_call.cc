@@ -1,5 +1,6 @@
 #include "server/service/ring_call.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +39,9 @@ uint64_t AllocAnswerBound(const PoolRegistry& pools,
   if (!pool.ok()) return kScalarBytes;
   const uint64_t page_size = (*pool)->geometry().page_size;
   if (page_size == 0) return kScalarBytes;
-  const uint64_t pages = request.num_tokens() / page_size + 1;
+  // No more runs than pages asked for, nor than the pool has.
+  const uint64_t pages = std::min(request.num_tokens() / page_size + 1,
+                                  (*pool)->allocator().num_pages());
   return kScalarBytes + pages * kRunBytes;
 }
 
