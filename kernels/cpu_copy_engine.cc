@@ -66,12 +66,14 @@ absl::Status CpuCopyEngine::CopyLayers(
     const std::function<void(uint32_t)>& layer_done) const {
   const uint64_t tokens = task.total_tokens;
   const uint64_t shards = ShardsFor(task, workers_->num_threads());
-  // A backup of several layers writes the host pool in its own order, every
+  // A backup of several layers of page_head or page_first writes the host
+  // pool in its own order, every
   // layer of a page at once (kernels/host_order_copy.h); its layers are then
   // done together, when the last worker is. Loads go layer by layer, so that
   // the first layers are usable early.
   const bool host_order = task.direction == CopyDirection::kDeviceToHost &&
-                          layer_end - layer_begin > 1;
+                          layer_end - layer_begin > 1 &&
+                          HostOrderHelps(task.geometry);
   std::vector<std::atomic<uint32_t>> remaining(layer_end - layer_begin);
   for (auto& r : remaining) r.store(static_cast<uint32_t>(shards));
   std::atomic<bool> faulted{false};

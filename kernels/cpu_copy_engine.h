@@ -26,7 +26,8 @@ class CpuCopyEngine {
   // worker has copied layer l, which implies all layers before l are done
   // too (calls for different layers may overlap and arrive out of order).
   // Before each layer each worker asks keep_going(); false stops it.
-  // A backup (device to host) of more than one layer is walked in the host
+  // A backup (device to host) of more than one layer of a layout that
+  // gains from it (HostOrderHelps) is walked in the host
   // pool's order instead (kernels/host_order_copy.h): each worker copies
   // every layer of its tokens, in as many steps as there are layers (asking
   // keep_going() before each), and its layers are done when its last step

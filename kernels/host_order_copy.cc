@@ -121,6 +121,10 @@ void CopyGroup(const CopyTask& task, uint32_t kv, uint32_t lb, uint32_t le,
 
 }  // namespace
 
+bool HostOrderHelps(const PoolGeometry& g) {
+  return g.layout == HostLayout::kPageHead || g.layout == HostLayout::kPageFirst;
+}
+
 void CopyHostOrderSlice(const CopyTask& task, uint32_t layer_begin,
                         uint32_t layer_end, uint64_t token_begin,
                         uint64_t token_end) {

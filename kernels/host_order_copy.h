@@ -18,6 +18,13 @@
 
 namespace hostkv {
 
+// Whether a backup of `g`'s layout gains from the host order: page_head and
+// page_first, whose per-layer pieces (head rows, token rows) lie
+// num_layers apart on the host. layer_first and page_first_direct keep a
+// layer's rows of a page together, so a per-layer walk already writes
+// page-sized pieces (and measured no slower).
+bool HostOrderHelps(const PoolGeometry& g);
+
 // Copies tokens [token_begin, token_end) (positions in the concatenated
 // runs) of layers [layer_begin, layer_end), every plane, from the device
 // buffers to the host pool, host page by host page, each page's bytes in

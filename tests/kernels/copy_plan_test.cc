@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu_copy_engine.h"
+#include "kernels/host_order_copy.h"
 #include "kernels/pool_geometry.h"
 #include "kernels/worker_pool.h"
 #include "tests/kernels/reference_layout.h"
@@ -345,6 +346,16 @@ TEST_P(CopyEngineTest, BackupOfManyLayersMatchesPerLayerCopies) {
       }
       EXPECT_EQ(want, done);
       ASSERT_TRUE(actual.Equals(expected));
+      // The host-order walk itself, for every layout, in two slices.
+      Buffers direct(pool_, device_);
+      const std::vector<LayerBuffers> direct_table = direct.Table();
+      const CopyTask direct_task =
+          MakeTask(s, CopyDirection::kDeviceToHost, &direct, &direct_table);
+      const uint64_t half = direct_task.total_tokens / 2 + 1;
+      CopyHostOrderSlice(direct_task, first, last, 0, half);
+      CopyHostOrderSlice(direct_task, first, last, half,
+                         direct_task.total_tokens);
+      ASSERT_TRUE(direct.Equals(expected));
     }
   }
 }
