@@ -122,7 +122,8 @@ void CopyGroup(const CopyTask& task, uint32_t kv, uint32_t lb, uint32_t le,
 }  // namespace
 
 bool HostOrderHelps(const PoolGeometry& g) {
-  return g.layout == HostLayout::kPageHead || g.layout == HostLayout::kPageFirst;
+  return g.layout == HostLayout::kPageHead ||
+         g.layout == HostLayout::kPageFirst;
 }
 
 void CopyHostOrderSlice(const CopyTask& task, uint32_t layer_begin,

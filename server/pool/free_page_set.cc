@@ -85,7 +85,8 @@ uint64_t FreePageSet::TakeLowest(uint64_t max_count, uint64_t* count) {
     // Free bits from `from` upwards, up to the first page that is not free.
     const uint64_t ones = bits[w] >> from;
     const uint64_t avail =
-        ~ones == 0 ? 64 - from : std::min<uint64_t>(__builtin_ctzll(~ones), 64 - from);
+        ~ones == 0 ? 64 - from
+                   : std::min<uint64_t>(__builtin_ctzll(~ones), 64 - from);
     const uint64_t take = std::min(avail, left);
     if (take == 0) break;  // the run ended at the word's first page
     bits[w] &= ~Mask(from, from + take);

@@ -67,7 +67,8 @@ TEST(FreePageSetTest, MatchesAModel) {
         if (model[at]) continue;
         uint64_t end = at;
         const uint64_t len = 1 + rng() % 300;
-        while (end < pages && end - at < len && !model[end]) model[end++] = true;
+        while (end < pages && end - at < len && !model[end])
+          model[end++] = true;
         set.Insert(at, end - at);
         free_pages += end - at;
       }
