@@ -26,6 +26,12 @@ class CpuCopyEngine {
   // worker has copied layer l, which implies all layers before l are done
   // too (calls for different layers may overlap and arrive out of order).
   // Before each layer each worker asks keep_going(); false stops it.
+  // A backup (device to host) of more than one layer of a layout that
+  // gains from it (HostOrderHelps) is walked in the host
+  // pool's order instead (kernels/host_order_copy.h): each worker copies
+  // every layer of its tokens, in as many steps as there are layers (asking
+  // keep_going() before each), and its layers are done when its last step
+  // is; layer_done then comes for every layer at the end.
   // Each slice is copied under a fault guard (kernels/fault_guard.h): if the
   // device memory vanishes under the copy (SIGBUS: a client truncated the
   // segment), every worker stops and DataLoss is returned, naming the

@@ -1,6 +1,7 @@
 #include "server/operations/daemon_options.h"
 
 #include <grp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,8 +91,8 @@ ABSL_FLAG(std::string, state_keeper, "",
           "run as the state keeper on this socket path instead of as the "
           "daemon (hostkvd starts one itself; or run it as its own container)");
 ABSL_FLAG(int, copy_threads, 0,
-          "threads copying pages on the CPU backend (0 = one per core but "
-          "one, which is left to the gRPC threads)");
+          "threads copying pages on the CPU backend (0 = one per CPU this "
+          "process may run on, at most 8)");
 ABSL_FLAG(int, signal_records, 256,
           "completion records per session: the most operations one session "
           "may have in flight");
@@ -179,6 +180,19 @@ ABSL_FLAG(bool, dma_prefer_overlap, true,
 
 namespace hostkv {
 namespace {
+
+// The CPUs this process may run on: its affinity mask (a container's
+// cpuset), else every online CPU. A CPU quota (cgroup cpu.max) is not read:
+// set --copy_threads to the CPU request there.
+unsigned UsableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return static_cast<unsigned>(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 
 const std::vector<std::string> kFlagNames = {"listen",
                                              "socket_mode",
@@ -478,14 +492,11 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
   const int threads = absl::GetFlag(FLAGS_copy_threads);
   if (threads < 0 || threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--copy_threads must be in [0, 1024] (0 = one per core but one), got ",
-        threads));
+        "--copy_threads must be in [0, 1024] (0 = one per CPU, at most ",
+        kMaxDefaultCopyThreads, "), got ", threads));
   }
-  // Copies saturate memory bandwidth with few threads; a core left free keeps
-  // the replies and the layer signals from waiting for a CPU.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  o.copy_threads =
-      threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, cores - 1);
+  o.copy_threads = threads > 0 ? static_cast<unsigned>(threads)
+                               : DefaultCopyThreads(UsableCpus());
   o.config_path = absl::GetFlag(FLAGS_config);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   const std::string metrics_token_file =
@@ -541,6 +552,10 @@ absl::Duration StateKeepForFlag() { return absl::GetFlag(FLAGS_state_keep_for); 
 absl::Status SetUpLoggingFromFlags() {
   return SetUpLogging(absl::GetFlag(FLAGS_log_level),
                       absl::GetFlag(FLAGS_log_format));
+}
+
+unsigned DefaultCopyThreads(unsigned cpus) {
+  return std::clamp(cpus, 1u, kMaxDefaultCopyThreads);
 }
 
 }  // namespace hostkv

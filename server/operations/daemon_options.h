@@ -22,6 +22,15 @@
 namespace hostkv {
 
 // Everything the flags say, checked.
+// Copy threads without --copy_threads: one per CPU the daemon may run on,
+// at most kMaxDefaultCopyThreads. CPU copies are bound by memory bandwidth:
+// on the 2-vCPU VM of tests/bench one thread moves about half of what two
+// do, and a socket's DRAM is saturated well before 8 threads copy at once.
+// The threads run only while a copy does, in slices that let other
+// sessions' copies and the gRPC threads take their turns.
+inline constexpr unsigned kMaxDefaultCopyThreads = 8;
+unsigned DefaultCopyThreads(unsigned cpus);
+
 struct DaemonOptions {
   std::string listen;       // resolved gRPC address
   std::string socket_path;  // empty for TCP

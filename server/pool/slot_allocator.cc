@@ -14,8 +14,9 @@ SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub)
       owner_(num_pages, kNoOwner),
       in_flight_(num_pages, 0),
       free_when_unpinned_(num_pages, 0),
+      free_(num_pages),
       writer_(num_pages, kNoOwner) {
-  if (num_pages > 0) free_.emplace(0, num_pages);
+  free_.Insert(0, num_pages);
   free_pages_ = num_pages;
 }
 
@@ -82,16 +83,8 @@ std::vector<PageRun> SlotAllocator::TakeLocked(uint64_t num_pages,
   usage_[owner] += num_pages - left;
   num_pages = left;
   while (left > 0) {
-    auto it = free_.begin();
-    const uint64_t first = it->first;
-    const uint64_t take = std::min(left, it->second);
-    if (take == it->second) {
-      free_.erase(it);
-    } else {
-      const uint64_t rest = it->second - take;
-      free_.erase(it);
-      free_.emplace(first + take, rest);
-    }
+    uint64_t take = 0;
+    const uint64_t first = free_.TakeLowest(left, &take);
     std::fill(owner_.begin() + first, owner_.begin() + first + take, owner);
     Record(first, take, owner);
     Extend(owner, first, first + take - 1);
@@ -290,7 +283,7 @@ absl::Status SlotAllocator::Restore(absl::Span<const OwnerTag> owners) {
           absl::StrCat("page ", p, " is restored to the storage tier's work"));
     }
   }
-  free_.clear();
+  free_.Clear();
   free_pages_ = 0;
   usage_.clear();
   span_.clear();
@@ -300,12 +293,12 @@ absl::Status SlotAllocator::Restore(absl::Span<const OwnerTag> owners) {
     while (p < num_pages_ && owners[p] == owner) ++p;
     const uint64_t count = p - first;
     if (owner == kNoOwner) {
-      InsertFreeExtent(first, count);
+      free_.Insert(first, count);
       free_pages_ += count;
     } else if (owner == kUnscrubbedMark) {
       std::fill(owner_.begin() + first, owner_.begin() + p, kNoOwner);
       if (scrub_ == nullptr) {
-        InsertFreeExtent(first, count);
+        free_.Insert(first, count);
         free_pages_ += count;
       } else {
         Release(first, count, kNoOwner);  // whose bytes: unknown
@@ -321,23 +314,6 @@ absl::Status SlotAllocator::Restore(absl::Span<const OwnerTag> owners) {
     }
   }
   return absl::OkStatus();
-}
-
-void SlotAllocator::InsertFreeExtent(uint64_t first, uint64_t count) {
-  auto next = free_.lower_bound(first);
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == first) {
-      first = prev->first;
-      count += prev->second;
-      free_.erase(prev);
-    }
-  }
-  if (next != free_.end() && first + count == next->first) {
-    count += next->second;
-    free_.erase(next);
-  }
-  free_.emplace(first, count);
 }
 
 uint64_t SlotAllocator::FreeAllOwnedBy(OwnerTag owner) {
@@ -394,7 +370,7 @@ SlotAllocator::Occupancy SlotAllocator::Snapshot() const {
 
 size_t SlotAllocator::free_extents() const {
   absl::MutexLock lock(&mu_);
-  return free_.size();
+  return free_.extents();
 }
 
 }  // namespace hostkv

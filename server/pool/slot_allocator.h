@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/pool/free_page_set.h"
 
 namespace hostkv {
 
@@ -64,8 +65,10 @@ using CachedReadCheck =
 // lock held; never for a page that is allocated).
 using ScrubFn = std::function<void(const PageRun& run)>;
 
-// Free pages are kept as coalesced extents, so allocations come back as few
-// runs, lowest pages first. Cost: O(pages + runs * log extents) per call.
+// Free pages are kept in a bitmap with summary levels (FreePageSet), so
+// allocations come back as few runs, lowest pages first. Cost: O(pages +
+// runs) per call, whatever the pool's size (beyond the cache misses of the
+// per-page arrays it touches).
 //
 // With a ScrubFn, a freed page is not handed out to another session before
 // it is zeroed: Free and FreeAllOwnedBy put it in a "scrubbing" state
@@ -279,8 +282,6 @@ class SlotAllocator {
   absl::Status CheckOwnedLocked(const std::vector<PageRun>& runs,
                                 OwnerTag owner, bool idle) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void InsertFreeExtent(uint64_t first, uint64_t count)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pages [first, first + count) just left their owner: free, or scrubbing
   // as holding the bytes of session `bytes_of` (kNoOwner: of nobody who can
   // take them back, zeroed before anyone gets them).
@@ -313,8 +314,8 @@ class SlotAllocator {
   std::vector<uint8_t> free_when_unpinned_ ABSL_GUARDED_BY(mu_);
   uint64_t cached_pages_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t freed_when_unpinned_pages_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first -> count
-  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;            // zeroed, in free_
+  FreePageSet free_ ABSL_GUARDED_BY(mu_);         // zeroed free pages
+  uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;  // free_.free_pages()
   // Freed, to be zeroed, by the session whose bytes they hold (kNoOwner
   // first: nobody's who could take them back). pending_pages_ counts them.
   struct PendingRun {

@@ -14,7 +14,7 @@ namespace hostkv {
 void SlotAllocator::Release(uint64_t first, uint64_t count, OwnerTag bytes_of) {
   if (scrub_ == nullptr) {
     Record(first, count, kNoOwner);
-    InsertFreeExtent(first, count);
+    free_.Insert(first, count);
     free_pages_ += count;
     return;
   }
@@ -87,7 +87,7 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages, OwnerTag spare,
   mu_.Lock();
   for (const PageRun& run : runs) {
     Record(run.first_page, run.num_pages, kNoOwner);
-    InsertFreeExtent(run.first_page, run.num_pages);
+    free_.Insert(run.first_page, run.num_pages);
   }
   free_pages_ += pages;
   scrubbing_pages_ -= pages;

@@ -7,16 +7,19 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu_copy_engine.h"
+#include "kernels/host_order_copy.h"
 #include "kernels/pool_geometry.h"
 #include "kernels/worker_pool.h"
 #include "tests/kernels/reference_layout.h"
 #include "tests/kernels/transfer_selections.h"
+#include "tests/testing/status_matchers.h"
 
 namespace hostkv {
 namespace {
@@ -312,6 +315,48 @@ TEST_P(CopyEngineTest, BackupCopiesEveryLayer) {
       ReferenceCopy(s, /*to_device=*/false, layer, &expected);
     }
     ASSERT_TRUE(actual.Equals(expected));
+  }
+}
+
+// CopyLayers walks a backup in the host pool's order (host_order_copy.h):
+// the same bytes as a per-layer copy, for every layer and for a range.
+TEST_P(CopyEngineTest, BackupOfManyLayersMatchesPerLayerCopies) {
+  for (const Selection& s : Selections(spec_.page_size)) {
+    SCOPED_TRACE(s.name);
+    for (uint32_t first : {0u, 1u}) {
+      if (first == 1 && spec_.layers < 3) continue;
+      const uint32_t last = first == 0 ? spec_.layers : spec_.layers - 1;
+      Buffers actual(pool_, device_);
+      Buffers expected = actual;
+      const std::vector<LayerBuffers> table = actual.Table();
+      const CopyTask task =
+          MakeTask(s, CopyDirection::kDeviceToHost, &actual, &table);
+      std::vector<uint32_t> done;
+      std::mutex mu;
+      ASSERT_OK(engine_.CopyLayers(task, first, last, [] { return true; },
+                                   [&](uint32_t layer) {
+                                     std::lock_guard<std::mutex> lock(mu);
+                                     done.push_back(layer);
+                                   }));
+      std::sort(done.begin(), done.end());
+      std::vector<uint32_t> want;
+      for (uint32_t layer = first; layer < last; ++layer) {
+        want.push_back(layer);
+        ReferenceCopy(s, /*to_device=*/false, layer, &expected);
+      }
+      EXPECT_EQ(want, done);
+      ASSERT_TRUE(actual.Equals(expected));
+      // The host-order walk itself, for every layout, in two slices.
+      Buffers direct(pool_, device_);
+      const std::vector<LayerBuffers> direct_table = direct.Table();
+      const CopyTask direct_task =
+          MakeTask(s, CopyDirection::kDeviceToHost, &direct, &direct_table);
+      const uint64_t half = direct_task.total_tokens / 2 + 1;
+      CopyHostOrderSlice(direct_task, first, last, 0, half);
+      CopyHostOrderSlice(direct_task, first, last, half,
+                         direct_task.total_tokens);
+      ASSERT_TRUE(direct.Equals(expected));
+    }
   }
 }
 
