@@ -92,7 +92,7 @@ ABSL_FLAG(std::string, state_keeper, "",
           "daemon (hostkvd starts one itself; or run it as its own container)");
 ABSL_FLAG(int, copy_threads, 0,
           "threads copying pages on the CPU backend (0 = one per CPU this "
-          "process may run on, at most 8)");
+          "process may run on but one, at most 8)");
 ABSL_FLAG(int, signal_records, 256,
           "completion records per session: the most operations one session "
           "may have in flight");
@@ -492,7 +492,7 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
   const int threads = absl::GetFlag(FLAGS_copy_threads);
   if (threads < 0 || threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--copy_threads must be in [0, 1024] (0 = one per CPU, at most ",
+        "--copy_threads must be in [0, 1024] (0 = one per CPU but one, at most ",
         kMaxDefaultCopyThreads, "), got ", threads));
   }
   o.copy_threads = threads > 0 ? static_cast<unsigned>(threads)
@@ -555,7 +555,7 @@ absl::Status SetUpLoggingFromFlags() {
 }
 
 unsigned DefaultCopyThreads(unsigned cpus) {
-  return std::clamp(cpus, 1u, kMaxDefaultCopyThreads);
+  return std::clamp(cpus > 1 ? cpus - 1 : 1u, 1u, kMaxDefaultCopyThreads);
 }
 
 }  // namespace hostkv
