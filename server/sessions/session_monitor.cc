@@ -432,6 +432,8 @@ void SessionMonitor::OpenCommandRing(int fd, Connection& c) {
     }
     c.ring = std::move(*ring);
     ++rings_;
+    spdlog::info("session socket: a command ring for uid {} ({} open)", c.uid,
+                 rings_);
   }
   absl::StatusOr<ScopedFd> ring_fd = c.ring->ClientFd();
   SessionReply reply = ReplyFor(kind, ring_fd.status());
