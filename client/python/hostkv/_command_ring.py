@@ -120,6 +120,16 @@ class CommandRing:
         state = slot.state
         if state.value == ANSWERED:
             return True
+        if threading.current_thread() is threading.main_thread():
+            self._poll(state)
+        # Other threads sleep at once: a Python loop polling holds the
+        # interpreter lock, which the main thread (an engine's scheduler)
+        # would wait for meanwhile.
+        return state.value == ANSWERED or self._sleep_until_answered(slot, timeout)
+
+    @staticmethod
+    def _poll(state):
+        """Polls `state` for the answer, alone, then yielding the CPU."""
         start = time.perf_counter_ns()
         spin_until, yield_from = start + _SPIN_NS, start + _SPIN_ALONE_NS
         while True:
@@ -131,6 +141,10 @@ class CommandRing:
                 break
             if now >= yield_from:
                 os.sched_yield()  # on a busy machine the daemon's thread may wait for this CPU
+        return False
+
+    def _sleep_until_answered(self, slot, timeout):
+        state = slot.state
         deadline = time.monotonic() + timeout
         while True:
             _libc.syscall(_SYS_FUTEX, slot.state_addr, _FUTEX_WAIT, SUBMITTED,
