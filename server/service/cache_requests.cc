@@ -126,6 +126,11 @@ void RequestHandler::UndoForEndedSession(const CacheTarget& target) const {
 
 absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
     const v1::PublishRequest& request) {
+  return PublishWithin(request, limits_.cache_publish_wait);
+}
+
+absl::StatusOr<v1::PublishResponse> RequestHandler::PublishWithin(
+    const v1::PublishRequest& request, absl::Duration copy_wait) {
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(CacheTarget target,
                    ResolveCacheTarget(request.session_id(), request.pool()));
@@ -144,7 +149,7 @@ absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
   // The pages become the cache's once no copy fills them any more; from
   // here on, every exit gives back what the cache did not keep.
   RETURN_IF_ERROR(pool.allocator()
-                      .Cache(runs, tag, absl::Now() + limits_.cache_publish_wait)
+                      .Cache(runs, tag, absl::Now() + copy_wait)
                       .status());
   CrashPoint("publish");
   std::vector<PublishItem> items;

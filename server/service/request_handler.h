@@ -126,6 +126,11 @@ class RequestHandler {
 
   // The page cache (cache_requests.cc).
   absl::StatusOr<v1::PublishResponse> Publish(const v1::PublishRequest& request);
+  // Publish waiting at most `copy_wait` (not --cache_publish_wait) for
+  // copies in flight on its pages: DEADLINE_EXCEEDED after it, changing
+  // nothing. The command ring passes zero, so that its thread never waits.
+  absl::StatusOr<v1::PublishResponse> PublishWithin(
+      const v1::PublishRequest& request, absl::Duration copy_wait);
   // With a storage tier, a miss asks the tier for the keys that follow and
   // waits for them until `deadline` (the caller's, less a margin) or the
   // tier's fetch_wait, whichever is first.
@@ -142,6 +147,8 @@ class RequestHandler {
   // The pools (the command ring sizes Alloc's answers with them) and the
   // metrics (null: none).
   const PoolRegistry& pools() const { return *pools_; }
+  // Whether a storage tier is set (a Lookup's miss may then wait for it).
+  bool has_tier() const { return tier_ != nullptr; }
   DaemonMetrics* metrics() const { return metrics_; }
 
   // The storage tier under every pool's page cache (null: none). Set once,

@@ -126,6 +126,11 @@ RingAnswer RunRingCall(RequestHandler& handler, const PoolRegistry& pools,
       const uint64_t bound =
           kScalarBytes + static_cast<uint64_t>(r->keys_size()) * kRunBytes;
       if (bound > answer_capacity) return TooLarge(bound, answer_capacity);
+      // A miss may wait for the storage tier: not on the ring's thread,
+      // where the session's other calls would wait behind it.
+      if (handler.has_tier()) {
+        return RingAnswer{kRingUseGrpc, "a Lookup may wait for the storage tier"};
+      }
       return Answer(handler.Lookup(*r, deadline));
     }
     case RingMethod::kRelease: {
@@ -141,7 +146,15 @@ RingAnswer RunRingCall(RequestHandler& handler, const PoolRegistry& pools,
       const uint64_t bound =
           kScalarBytes + static_cast<uint64_t>(r->items_size()) * 16;
       if (bound > answer_capacity) return TooLarge(bound, answer_capacity);
-      return Answer(handler.Publish(*r));
+      // Pages a copy still fills would make it wait (--cache_publish_wait):
+      // not on the ring's thread, where the session's other calls would
+      // wait behind it. Such a Publish changes nothing and goes over gRPC.
+      absl::StatusOr<v1::PublishResponse> published =
+          handler.PublishWithin(*r, absl::ZeroDuration());
+      if (absl::IsDeadlineExceeded(published.status())) {
+        return RingAnswer{kRingUseGrpc, "a copy still fills the pages"};
+      }
+      return Answer(published);
     }
   }
   return Unparsable(method);

@@ -24,7 +24,10 @@ struct RingAnswer {
 // Parses `request` (bytes already copied out of the shared segment) as
 // `method`'s request, makes it session `session_id`'s whatever it says,
 // and runs it. A call whose answer could exceed `answer_capacity` bytes is
-// not run (kRingUseGrpc). An unknown method or unparsable request is
+// not run (kRingUseGrpc), nor is one that would wait: a Lookup with a
+// storage tier, a Publish whose pages a copy still fills (it changes
+// nothing then). The client makes those over gRPC. An unknown method or
+// unparsable request is
 // InvalidArgument; nothing is changed then. `pools` sizes Alloc's answer.
 // Lookup waits for a storage tier until `deadline`.
 RingAnswer RunRingCall(RequestHandler& handler, const PoolRegistry& pools,

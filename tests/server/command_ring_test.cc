@@ -216,6 +216,34 @@ TEST_F(CommandRingTest, AnswersThatMightNotFitGoOverGrpc) {
   ASSERT_OK(Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4)));
 }
 
+// A Publish whose page a copy still fills would wait: the ring does not run
+// it (the client sends it over gRPC, which waits), and nothing changed.
+TEST_F(CommandRingTest, APublishThatWouldWaitGoesOverGrpc) {
+  auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4));
+  ASSERT_OK(alloc);
+  const uint64_t page = alloc->pages(0).first_page();
+  auto pinned = PinnedPages::Pin(pools_.Get("p").value(), {{page, 1}},
+                                 sessions_.Get(session_).value()->tag());
+  ASSERT_OK(pinned);
+  v1::PublishRequest publish;
+  publish.set_pool("p");
+  publish.set_namespace_("ns");
+  v1::CacheItem* item = publish.add_items();
+  item->set_key("k0");
+  item->set_page(page);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(client_->Call(RingMethod::kPublish, publish.SerializeAsString(),
+                             absl::Seconds(10), [] { return false; })
+                   .has_value());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // not --cache_publish_wait (30 s)
+  EXPECT_FALSE(pools_.Get("p").value()->cache().IsCached(page));
+  pinned->Release();
+  auto published = Call<v1::PublishResponse>(RingMethod::kPublish, publish);
+  ASSERT_OK(published);
+  EXPECT_EQ(published->cached(), 1u);
+  EXPECT_TRUE(pools_.Get("p").value()->cache().IsCached(page));
+}
+
 TEST_F(CommandRingTest, ConcurrentCallersShareTheSlots) {
   constexpr int kThreads = 4, kRounds = 200;
   std::atomic<int> failures{0};
