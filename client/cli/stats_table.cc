@@ -187,6 +187,12 @@ std::string OwnerText(const v1::PoolOwner& owner) {
 
 }  // namespace
 
+static const char* AttentionName(const v1::Geometry& geometry) {
+  if (geometry.has_mla()) return "MLA";
+  if (geometry.has_blocks()) return "BLK";
+  return "MHA";
+}
+
 std::string FormatPools(const std::vector<v1::Pool>& pools) {
   std::string out = absl::StrFormat(
       "%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n", "POOL", "ATTN",
@@ -194,7 +200,7 @@ std::string FormatPools(const std::vector<v1::Pool>& pools) {
   for (const v1::Pool& p : pools) {
     absl::StrAppendFormat(
         &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n",
-        p.spec().name(), p.spec().geometry().has_mla() ? "MLA" : "MHA",
+        p.spec().name(), AttentionName(p.spec().geometry()),
         LayoutName(p.spec().layout()), p.spec().page_size(), p.token_slots(),
         p.num_pages(), Bytes(p.total_bytes()), OwnerText(p.owner()),
         p.segment_name());

@@ -413,6 +413,7 @@ void PageCache::EvictColdestLocked(size_t hash) {
   Entry& e = At(page);
   Unlink(page);
   keys_.erase(keys_.find(KeyRef{e.ns, e.Key(), hash}));
+  evictions_.Record(e.ns, e.Key());
   e.key_size = 0;
   if (ledger_ != nullptr) {
     ledger_->RecordEvicted(page);
@@ -422,6 +423,14 @@ void PageCache::EvictColdestLocked(size_t hash) {
   Count(e.ns, &CacheCounters::evictable, -1);
   Count(e.ns, &CacheCounters::evictions, 1);
   if (e.parent != kNone) DropChild(e.parent);
+}
+
+EvictionList PageCache::ListEvictions(absl::string_view name_space,
+                                      uint64_t after, uint32_t max_keys) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = namespace_ids_.find(name_space);
+  if (it == namespace_ids_.end()) return evictions_.Read(0, after, 0);
+  return evictions_.Read(it->second, after, max_keys);
 }
 
 std::vector<uint64_t> PageCache::EvictForAllocation(uint64_t needed) {

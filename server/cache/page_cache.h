@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/cache/cache_ledger.h"
+#include "server/cache/eviction_log.h"
 #include "server/pool/slot_allocator.h"
 
 namespace hostkv {
@@ -237,6 +238,12 @@ class PageCache {
   // allocation bound to fail evicts no page). One lock for both.
   std::vector<uint64_t> EvictForAllocation(uint64_t needed)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The keys of `name_space` evicted after eviction number `after`
+  // (EvictionLog::Read); none for a namespace nothing was published in.
+  // Counts nothing, touches nothing.
+  EvictionList ListEvictions(absl::string_view name_space, uint64_t after,
+                             uint32_t max_keys) const ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t num_pages() const { return num_pages_; }
   uint64_t cached_pages() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -461,6 +468,7 @@ class PageCache {
   uint64_t unknown_namespace_misses_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t total_refs_ ABSL_GUARDED_BY(mu_) = 0;  // all sessions, all pages
   CacheLedger* ledger_ = nullptr;
+  EvictionLog evictions_ ABSL_GUARDED_BY(mu_);
   // ReferenceCharge: references paid for in the budget.
   ReferenceCharge charge_;
   uint64_t charged_refs_ ABSL_GUARDED_BY(mu_) = 0;

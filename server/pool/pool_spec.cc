@@ -79,8 +79,23 @@ absl::Status ResolveAttention(const v1::Geometry& geo, uint32_t item,
       g->head_bytes = static_cast<uint32_t>(kv_dim * item);
       return absl::OkStatus();
     }
+    case v1::Geometry::kBlocks: {
+      // vLLM's raw blocks: one plane of rows of block_bytes bytes per
+      // tensor, the MLA math with kv_dim bytes (item is 1, checked by the
+      // caller).
+      const v1::BlocksGeometry& b = geo.blocks();
+      RETURN_IF_ERROR(CheckRange("geometry.blocks.num_tensors", b.num_tensors(),
+                                 kMaxLayers));
+      RETURN_IF_ERROR(CheckRange("geometry.blocks.block_bytes", b.block_bytes(),
+                                 kMaxBlockBytes));
+      g->attention = Attention::kMla;
+      g->num_layers = b.num_tensors();
+      g->num_heads = 1;
+      g->head_bytes = b.block_bytes() * item;
+      return absl::OkStatus();
+    }
     default:
-      return absl::InvalidArgumentError("geometry: set mha or mla");
+      return absl::InvalidArgumentError("geometry: set mha, mla or blocks");
   }
 }
 
@@ -141,7 +156,14 @@ absl::StatusOr<PoolGeometry> ResolvePoolSpec(const v1::PoolSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "name '", spec.name(), "' must be 1..64 of [A-Za-z0-9_.-]"));
   }
-  const uint32_t item = DtypeSize(spec.geometry().dtype());
+  // A blocks pool holds bytes: its dtype is left unspecified.
+  const bool blocks = spec.geometry().has_blocks();
+  if (blocks && spec.geometry().dtype() != v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "geometry.dtype: a blocks geometry holds bytes; leave dtype unset, got ",
+        spec.geometry().dtype()));
+  }
+  const uint32_t item = blocks ? 1 : DtypeSize(spec.geometry().dtype());
   if (item == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("geometry.dtype: unknown or unspecified value ",

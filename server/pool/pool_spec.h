@@ -17,6 +17,7 @@ inline constexpr uint32_t kMaxLayers = 4096;
 inline constexpr uint32_t kMaxHeads = 1024;
 inline constexpr uint32_t kMaxHeadDim = 65536;
 inline constexpr uint32_t kMaxPageSize = 65536;
+inline constexpr uint32_t kMaxBlockBytes = 16u << 20;  // a blocks row
 inline constexpr uint64_t kMaxPoolBytes = 1ull << 50;  // 1 PiB
 
 // Bytes per element of `dtype`; 0 if unknown.

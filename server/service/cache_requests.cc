@@ -322,6 +322,29 @@ absl::StatusOr<v1::ReleaseResponse> RequestHandler::Release(
   return response;
 }
 
+absl::StatusOr<v1::ListEvictionsResponse> RequestHandler::ListEvictions(
+    const v1::ListEvictionsRequest& request) {
+  ASSIGN_OR_RETURN(CacheTarget target,
+                   ResolveCacheTarget(request.session_id(), request.pool()));
+  RETURN_IF_ERROR(CheckCacheNamespace(request.namespace_()));
+  if (request.max_keys() > kMaxEvictionsListed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_keys ", request.max_keys(), " is above ",
+                     kMaxEvictionsListed));
+  }
+  HostPool& pool = *target.pool;
+  RETURN_IF_ERROR(pool.namespaces().CheckUse(pool.name(), request.namespace_(),
+                                             Principal::Of(*target.session)));
+  EvictionList list = pool.cache().ListEvictions(
+      request.namespace_(), request.after(), request.max_keys());
+  v1::ListEvictionsResponse response;
+  response.mutable_keys()->Reserve(static_cast<int>(list.keys.size()));
+  for (std::string& key : list.keys) response.add_keys(std::move(key));
+  response.set_next(list.next);
+  response.set_missed(list.missed);
+  return response;
+}
+
 absl::StatusOr<v1::CopyPagesResponse> RequestHandler::CopyPages(
     const v1::CopyPagesRequest& request) {
   RETURN_IF_ERROR(CheckServing());

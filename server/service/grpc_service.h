@@ -35,6 +35,7 @@ namespace hostkv {
   X(GetPageBufferMeta, GetPageBufferMetaRequest, GetPageBufferMetaResponse) \
   X(Publish, PublishRequest, PublishResponse)                                \
   X(Lookup, LookupRequest, LookupResponse)                                   \
+  X(ListEvictions, ListEvictionsRequest, ListEvictionsResponse)              \
   X(Release, ReleaseRequest, ReleaseResponse)                                \
   X(CopyPages, CopyPagesRequest, CopyPagesResponse)                          \
   X(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)

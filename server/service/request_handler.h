@@ -138,6 +138,10 @@ class RequestHandler {
       const v1::LookupRequest& request,
       absl::Time deadline = absl::InfiniteFuture());
   absl::StatusOr<v1::ReleaseResponse> Release(const v1::ReleaseRequest& request);
+  // The keys of a namespace the cache evicted (PageCache::ListEvictions),
+  // with Lookup's access check.
+  absl::StatusOr<v1::ListEvictionsResponse> ListEvictions(
+      const v1::ListEvictionsRequest& request);
   absl::StatusOr<v1::CopyPagesResponse> CopyPages(
       const v1::CopyPagesRequest& request);
 

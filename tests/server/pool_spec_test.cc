@@ -69,6 +69,46 @@ TEST(PoolSpecTest, MlaGeometry) {
   EXPECT_EQ(128u, g->token_slots);
 }
 
+v1::PoolSpec BlocksSpec(uint32_t tensors, uint32_t block_bytes) {
+  v1::PoolSpec spec;
+  spec.set_name("vllm");
+  auto* b = spec.mutable_geometry()->mutable_blocks();
+  b->set_num_tensors(tensors);
+  b->set_block_bytes(block_bytes);
+  spec.set_page_size(1);
+  spec.set_layout(v1::LAYOUT_PAGE_FIRST);
+  spec.set_capacity_tokens(100);
+  return spec;
+}
+
+TEST(PoolSpecTest, BlocksAreOnePlaneOfByteRowsPerTensor) {
+  // vLLM, Llama-3-8B on one GPU, FlashAttention: 64 tensors (K and V of 32
+  // layers) of 16 tokens x 8 heads x 128 x 2 bytes = 32 KiB blocks.
+  auto g = ResolvePoolSpec(BlocksSpec(64, 32768));
+  ASSERT_OK(g);
+  EXPECT_EQ(Attention::kMla, g->attention);  // the same offset rules
+  EXPECT_EQ(1u, g->kv_planes());
+  EXPECT_EQ(64u, g->num_layers);
+  EXPECT_EQ(32768u, g->token_stride());
+  EXPECT_EQ(64u * 32768, g->bytes_per_token());
+  EXPECT_EQ(101u, g->token_slots);
+  // Rows above MLA's 65,536-element bound are fine (block_size 128).
+  EXPECT_OK(ResolvePoolSpec(BlocksSpec(2, 4u << 20)));
+}
+
+TEST(PoolSpecTest, BlocksRefuseBadSizesAndADtype) {
+  EXPECT_ERROR(InvalidArgument, ResolvePoolSpec(BlocksSpec(0, 4096)));
+  EXPECT_ERROR(InvalidArgument, ResolvePoolSpec(BlocksSpec(4097, 4096)));
+  EXPECT_ERROR(InvalidArgument, ResolvePoolSpec(BlocksSpec(2, 0)));
+  EXPECT_ERROR(InvalidArgument,
+               ResolvePoolSpec(BlocksSpec(2, kMaxBlockBytes + 1)));
+  v1::PoolSpec typed = BlocksSpec(2, 4096);
+  typed.mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+  absl::StatusOr<PoolGeometry> g = ResolvePoolSpec(typed);
+  EXPECT_ERROR(InvalidArgument, g);
+  EXPECT_NE(std::string::npos, g.status().message().find("leave dtype unset"));
+}
+
 v1::PoolSpec DsaSpec(uint32_t kv_cache_dim) {
   v1::PoolSpec spec;
   spec.set_name("dsa");

@@ -62,6 +62,16 @@ def mla_pool_spec(name, num_layers, kv_lora_rank, qk_rope_head_dim, page_size, d
     return _spec(name, geometry, page_size, layout, capacity_tokens, capacity_bytes, **extra)
 
 
+def blocks_pool_spec(name, num_tensors, block_bytes, page_size=1, layout="page_first",
+                     capacity_tokens=None, capacity_bytes=None, **extra):
+    """A PoolSpec of raw blocks (vLLM's offloading, hostkv.vllm): per tensor
+    one row of block_bytes bytes per token slot, one slot per engine block.
+    page_first keeps a slot's rows of every tensor together."""
+    geometry = pb.Geometry(blocks=pb.BlocksGeometry(num_tensors=num_tensors,
+                                                    block_bytes=block_bytes))
+    return _spec(name, geometry, page_size, layout, capacity_tokens, capacity_bytes, **extra)
+
+
 __all__ = ["Client", "Operation", "HostKVError", "errors", "pb", "DEFAULT_TARGET",
-           "count_tokens", "mha_pool_spec", "mla_pool_spec", "Lookup", "Published",
+           "count_tokens", "mha_pool_spec", "mla_pool_spec", "blocks_pool_spec", "Lookup", "Published",
            "cache_key"]

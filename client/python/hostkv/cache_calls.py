@@ -90,6 +90,12 @@ class Lookup(NamedTuple):
     pages: List[Tuple[int, int]]
 
 
+class Evictions(NamedTuple):
+    keys: list
+    next: int
+    missed: int
+
+
 class CacheCalls:
     """The page cache's calls, mixed into hostkv.Client (which gives
     _call, _stub and session_id)."""
@@ -164,6 +170,18 @@ class CacheCalls:
         return self._call(self._stub.Release, pb.ReleaseRequest(
             session_id=self.session_id, pool=pool,
             pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in pages])).released
+
+    def list_evictions(self, pool, namespace, after=0, max_keys=65536):
+        """Keys of `namespace` the cache evicted after eviction number
+        `after`: Evictions(keys, next, missed). Pass `next` as `after` next
+        time; max_keys=0 gives no keys and the current `next` (start "from
+        now"). missed > 0: evictions (of any namespace) left the daemon's
+        log before they were read, so some of this namespace's may be lost.
+        """
+        response = self._call(self._stub.ListEvictions, pb.ListEvictionsRequest(
+            session_id=self.session_id, pool=pool, namespace=namespace, after=after,
+            max_keys=max_keys))
+        return Evictions(list(response.keys), response.next, response.missed)
 
     def copy_pages(self, pool, from_pages, to_pages):
         """Copies page i of `from_pages` into page i of `to_pages` inside the
