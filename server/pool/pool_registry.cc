@@ -177,7 +177,10 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
       spec.name(),
       owner.daemon() ? std::string("the daemon")
       : owner.unverified() ? std::string("an unverified session")
-                           : absl::StrCat("uid ", owner.uid()), geometry.attention == Attention::kMha ? "MHA" : "MLA",
+                           : absl::StrCat("uid ", owner.uid()),
+      spec.geometry().has_blocks()            ? "blocks"
+      : geometry.attention == Attention::kMha ? "MHA"
+                                              : "MLA",
       HostLayoutName(geometry.layout), geometry.page_size, geometry.token_slots,
       geometry.num_pages(), geometry.total_bytes(),
       FormatBytes(geometry.total_bytes()), pool->info().segment_name(),

@@ -1,0 +1,247 @@
+"""HostkvOffloadingManager: vLLM's scheduler-side OffloadingManager on
+hostkvd's page cache. One hostkv session per scheduler process.
+
+Who holds what (the scheduler never owns a page; each rank's worker owns,
+fills and publishes its own shard, see naming.py):
+  lookup        Lookup(acquire) in every rank's namespace; the run cached
+                on all ranks is the answer. Those pages stay referenced by
+                the scheduler's session for hold_seconds (a "hold"), so
+                that the prepare_load that follows in the same step finds
+                them; an unclaimed hold is released after that.
+  prepare_load  claims the hold (or takes references anew) and keeps the
+                references until complete_load: no instance's allocation
+                can evict the blocks while workers load them. The spec
+                holds the keys; each worker takes its own references.
+  touch         not forwarded: the daemon's recency comes from every
+                instance's lookups, loads and publishes.
+  prepare_store drops the keys every rank has cached already; the workers
+                allocate (hostkvd evicts the least recently used
+                unreferenced pages for them) and publish. Evicted blocks
+                are reported from ListEvictions (every rank's namespace).
+  complete_store nothing to commit (the workers published); with KV events
+                on, the blocks found on every rank are reported stored.
+  take_events   stored (above) and removed (ListEvictions) blocks.
+A killed scheduler leaves nothing pinned: its session's references go with
+it. Blocks published by another instance of the same layout are hits.
+"""
+import logging
+import time
+
+from vllm.v1.kv_offload.abstract import (OffloadingEvent, OffloadingManager,
+                                         PrepareStoreOutput)
+
+from .. import errors
+from .keys import KeyMap
+from .mediums import HostkvLoadStoreSpec
+
+logger = logging.getLogger("hostkv.vllm")
+
+
+class _Hold:
+    """References the scheduler's session holds on blocks: per rank the
+    pages (in key order) of the first `count` keys."""
+
+    def __init__(self, pages_by_rank, count):
+        self.pages_by_rank = pages_by_rank
+        self.count = count
+        self.since = time.monotonic()
+
+
+def _page_list(runs):
+    return [f + i for f, n in runs for i in range(n)]
+
+
+def _runs(pages):
+    runs = []
+    for p in pages:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1])
+    return [(f, n) for f, n in runs]
+
+
+class HostkvOffloadingManager(OffloadingManager):
+    def __init__(self, client, layout, block_size, events=False, hold_seconds=5.0):
+        self._client = client
+        self._layout = layout
+        self._ranks = [(layout.pool(r), layout.namespace(r)) for r in layout.ranks()]
+        self._block_size = block_size  # tokens per offloaded block, for events
+        self._events_on = bool(events)
+        self._hold_seconds = float(hold_seconds)
+        self._keys = KeyMap()
+        self._holds = {}  # tuple(keys) -> _Hold, from lookup
+        self._loading = {}  # tuple(keys) -> [_Hold], from prepare_load
+        self._events = []
+        # ListEvictions' cursor per rank: from now on (0 for a pool not made
+        # yet: all of its evictions will be news).
+        self._cursors = [self._eviction_cursor(pool, ns) for pool, ns in self._ranks]
+
+    # -- lookups and loads ---------------------------------------------
+
+    def lookup(self, block_hashes):
+        self._expire_holds()
+        keys = tuple(self._keys.keys(block_hashes))
+        if not keys:
+            return 0
+        self._drop_hold(keys)
+        hold = self._acquire(keys)
+        if hold is None:
+            return 0
+        if hold.count == 0:
+            return 0
+        self._holds[keys[:hold.count]] = hold
+        return hold.count
+
+    def prepare_load(self, block_hashes):
+        keys = tuple(self._keys.keys(block_hashes))
+        hold = self._holds.pop(keys, None)
+        if hold is None:
+            hold = self._acquire(keys)
+        if hold is None or hold.count < len(keys):
+            if hold is not None:
+                self._release(hold)
+            found = 0 if hold is None else hold.count
+            raise errors.FailedPrecondition(
+                f"prepare_load of {len(keys)} blocks: only {found} are cached on every rank "
+                "(evicted since lookup)")
+        self._loading.setdefault(keys, []).append(hold)
+        return HostkvLoadStoreSpec(keys)
+
+    def touch(self, block_hashes):
+        return
+
+    def complete_load(self, block_hashes):
+        keys = tuple(self._keys.keys(block_hashes))
+        holds = self._loading.get(keys)
+        if not holds:
+            logger.warning("complete_load of %d blocks that no prepare_load pinned", len(keys))
+            return
+        hold = holds.pop()
+        if not holds:
+            del self._loading[keys]
+        self._release(hold)
+
+    # -- stores ---------------------------------------------------------
+
+    def prepare_store(self, block_hashes):
+        hashes = list(block_hashes)
+        keys = self._keys.keys(hashes)
+        cached = self._cached_on_every_rank(keys, acquire=False)
+        if cached is None:
+            return None  # no worker has registered its KV cache yet
+        evicted = self._take_evictions()
+        to_store = hashes[cached:]
+        parent = keys[cached - 1] if cached > 0 else b""
+        return PrepareStoreOutput(block_hashes_to_store=to_store,
+                                  store_spec=HostkvLoadStoreSpec(keys[cached:], parent),
+                                  block_hashes_evicted=evicted)
+
+    def complete_store(self, block_hashes, success=True):
+        if not self._events_on or not success:
+            return
+        hashes = list(block_hashes)
+        if not hashes:
+            return
+        # Report what the workers did publish on every rank (a worker that
+        # could not allocate reports its job done but stored nothing).
+        stored = self._cached_on_every_rank(self._keys.keys(hashes), acquire=False) or 0
+        if stored:
+            self._events.append(OffloadingEvent(hashes[:stored], self._block_size, "CPU", False))
+
+    def take_events(self):
+        if not self._events_on:
+            return ()
+        removed = self._take_evictions()
+        if removed:
+            self._events.append(OffloadingEvent(removed, self._block_size, "CPU", True))
+        events, self._events = self._events, []
+        return events
+
+    # -- shutdown -------------------------------------------------------
+
+    def close(self):
+        """Drops every reference the scheduler holds and closes its session."""
+        for hold in list(self._holds.values()):
+            self._release(hold)
+        self._holds.clear()
+        for holds in self._loading.values():
+            for hold in holds:
+                self._release(hold)
+        self._loading.clear()
+        self._client.close()
+
+    # -- helpers --------------------------------------------------------
+
+    def _acquire(self, keys):
+        """A _Hold on the run of keys cached on every rank (count may be 0,
+        holding nothing); None if some rank's pool does not exist yet."""
+        found = []
+        for pool, namespace in self._ranks:
+            try:
+                result = self._client.lookup(pool, namespace, list(keys), acquire=True)
+            except errors.NotFound:
+                self._release(_Hold(found, 0))
+                return None
+            found.append(_page_list(result.pages))
+        count = min(len(p) for p in found)
+        # Keep the common run; give back what a rank found beyond it.
+        for (pool, _), pages in zip(self._ranks, found):
+            if len(pages) > count:
+                self._client.release(pool, _runs(pages[count:]))
+                del pages[count:]
+        return _Hold(found, count)
+
+    def _release(self, hold):
+        for (pool, _), pages in zip(self._ranks, hold.pages_by_rank):
+            if pages:
+                try:
+                    self._client.release(pool, _runs(pages))
+                except errors.HostKVError as e:  # e.g. the daemon restarted
+                    logger.warning("releasing %d pages of %s: %s", len(pages), pool, e)
+
+    def _drop_hold(self, keys):
+        for k in [k for k in self._holds if k == keys[:len(k)]]:
+            self._release(self._holds.pop(k))
+
+    def _expire_holds(self):
+        now = time.monotonic()
+        for k in [k for k, h in self._holds.items() if now - h.since > self._hold_seconds]:
+            self._release(self._holds.pop(k))
+
+    def _cached_on_every_rank(self, keys, acquire):
+        hits = None
+        for pool, namespace in self._ranks:
+            try:
+                n = self._client.lookup(pool, namespace, keys, acquire=acquire).hits
+            except errors.NotFound:
+                return None
+            hits = n if hits is None else min(hits, n)
+        return hits
+
+    def _eviction_cursor(self, pool, namespace):
+        try:
+            return self._client.list_evictions(pool, namespace, 0, max_keys=0).next
+        except errors.NotFound:
+            return 0
+
+    def _take_evictions(self):
+        """Block hashes evicted on any rank since the last call (each once)."""
+        seen, out = set(), []
+        for i, (pool, namespace) in enumerate(self._ranks):
+            try:
+                while True:
+                    got = self._client.list_evictions(pool, namespace, self._cursors[i])
+                    self._cursors[i] = got.next
+                    if got.missed:
+                        logger.warning("%d evictions in pool %s left the daemon's log unread",
+                                       got.missed, pool)
+                    for k in got.keys:
+                        if k not in seen:
+                            seen.add(k)
+                            out.append(self._keys.block_hash(k))
+                    if len(got.keys) < 65536:
+                        break
+            except errors.NotFound:
+                continue
+        return out
