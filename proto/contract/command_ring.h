@@ -45,8 +45,11 @@ enum class RingMethod : uint32_t {
   kLookup = 5,   // LookupRequest -> LookupResponse
   kRelease = 6,  // ReleaseRequest -> ReleaseResponse
   kPublish = 7,  // PublishRequest -> PublishResponse
+  // ListEvictionsRequest -> ListEvictionsResponse; only on daemons that
+  // announce kSessionFeatureRingListEvictions.
+  kListEvictions = 8,
 };
-inline constexpr uint32_t kRingMethodCount = 7;
+inline constexpr uint32_t kRingMethodCount = 8;
 
 // RingSlot::state.
 inline constexpr uint32_t kSlotFree = 0;

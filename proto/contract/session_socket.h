@@ -96,6 +96,8 @@ struct SessionMessage {
 // records (a client asks for nothing a daemon did not announce: an unknown
 // record kind ends the connection).
 inline constexpr uint32_t kSessionFeatureCommandRing = 1;  // kOpenCommandRing
+// The command ring also serves RingMethod::kListEvictions.
+inline constexpr uint32_t kSessionFeatureRingListEvictions = 2;
 
 struct SessionReply {
   uint32_t code;  // absl::StatusCode; 0 = done

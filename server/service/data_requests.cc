@@ -219,7 +219,8 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   op->owner = owned.session->tag();
   op->wait_kv_written = request.wait_kv_written();
   op->signal_value = request.signal_value();  // 0: Submit picks one
-  op->host_layer_progress = !request.gpu_waits_only();
+  op->host_layer_progress =
+      !request.gpu_waits_only() && !request.progress_at_end();
   // A load may read cached pages the session references; a backup writes
   // only pages the session owns.
   ASSIGN_OR_RETURN(op->host_pages,

@@ -86,6 +86,8 @@ const char* RingMethodName(uint32_t method) {
       return "Release";
     case RingMethod::kPublish:
       return "Publish";
+    case RingMethod::kListEvictions:
+      return "ListEvictions";
   }
   return nullptr;
 }
@@ -155,6 +157,15 @@ RingAnswer RunRingCall(RequestHandler& handler, const PoolRegistry& pools,
         return RingAnswer{kRingUseGrpc, "a copy still fills the pages"};
       }
       return Answer(published);
+    }
+    case RingMethod::kListEvictions: {
+      auto* r = Parse<v1::ListEvictionsRequest>(arena, request, session_id);
+      if (r == nullptr) return Unparsable(method);
+      // A key: up to 64 bytes, its tag and length.
+      const uint64_t bound =
+          kScalarBytes + static_cast<uint64_t>(r->max_keys()) * 66;
+      if (bound > answer_capacity) return TooLarge(bound, answer_capacity);
+      return Answer(handler.ListEvictions(*r));
     }
   }
   return Unparsable(method);

@@ -402,7 +402,7 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
   reply.session_number = session.tag();
   reply.signal_slots = session.signals()->records();
   reply.lease_seconds = 0;  // lives as long as the connection
-  reply.features = kSessionFeatureCommandRing;
+  reply.features = kSessionFeatureCommandRing | kSessionFeatureRingListEvictions;
   c.session = session.id();
   Reply(fd, reply, attached->signal_fd.get());
   return true;

@@ -280,7 +280,9 @@ absl::StatusOr<bool> TransferEngine::RunSlice(Pending& pending,
                                                      : pool.completed_backups())
               .fetch_add(1);
         }
-        op.signals->Publish(op.signal_index, layer - op.layer_begin + 1);
+        if (op.host_layer_progress || layer + 1 == op.layer_end) {
+          op.signals->Publish(op.signal_index, layer - op.layer_begin + 1);
+        }
         if (metrics_ != nullptr) {
           metrics_->RecordLayerReady(direction, absl::Now() - op.submitted);
         }

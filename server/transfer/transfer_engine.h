@@ -58,7 +58,7 @@ struct TransferOp {
   uint64_t wait_kv_written = 0;
   // Publish each layer's progress to the signal record as it is copied
   // (false: only at the end; TransferRequest.gpu_waits_only, CUDA imports
-  // with signal words).
+  // with signal words, and TransferRequest.progress_at_end, any import).
   bool host_layer_progress = true;
 };
 

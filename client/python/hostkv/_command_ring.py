@@ -28,7 +28,7 @@ SLOT_HEADER_BYTES = 64
 FREE, SUBMITTED, ANSWERED = 0, 1, 2
 USE_GRPC = 0x10000
 METHODS = {"Alloc": 1, "Free": 2, "Load": 3, "Backup": 4, "Lookup": 5, "Release": 6,
-           "Publish": 7}
+           "Publish": 7, "ListEvictions": 8}
 SUPPORTED = platform.machine() in ("x86_64", "AMD64")
 
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared futexes: two processes map the words

@@ -19,6 +19,7 @@ KIND_OPEN, KIND_ATTACH, KIND_PASS_FD, KIND_FETCH_KV_WORD, KIND_FETCH_POOL_SEGMEN
 KIND_RESUME = 6  # after a daemon restart: the session's secret in session_id
 KIND_OPEN_COMMAND_RING = 7  # the session's command ring (hostkv._command_ring)
 FEATURE_COMMAND_RING = 1  # SessionReply.features: the daemon serves kOpenCommandRing
+FEATURE_RING_LIST_EVICTIONS = 2  # ... and its ring serves ListEvictions
 
 # SessionMessage {u32 magic, version, kind, pid; u8 session_id[16];
 #                 char client_name[216]; u64 import_id}

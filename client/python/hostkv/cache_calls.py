@@ -171,12 +171,13 @@ class CacheCalls:
             session_id=self.session_id, pool=pool,
             pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in pages])).released
 
-    def list_evictions(self, pool, namespace, after=0, max_keys=65536):
+    def list_evictions(self, pool, namespace, after=0, max_keys=2048):
         """Keys of `namespace` the cache evicted after eviction number
         `after`: Evictions(keys, next, missed). Pass `next` as `after` next
         time; max_keys=0 gives no keys and the current `next` (start "from
         now"). missed > 0: evictions (of any namespace) left the daemon's
         log before they were read, so some of this namespace's may be lost.
+        Up to 2,048 keys go through the command ring; more, over gRPC.
         """
         response = self._call(self._stub.ListEvictions, pb.ListEvictionsRequest(
             session_id=self.session_id, pool=pool, namespace=namespace, after=after,

@@ -218,6 +218,16 @@ class Client(CacheCalls):
             self._socket = sock
             self._open = True
         self._ring = self._open_ring(sock, reply.features)
+        self._route_ring_extras(reply.features)
+
+    def _route_ring_extras(self, features):
+        """Sends ListEvictions through the ring when the daemon's ring
+        serves it (an older daemon's does not)."""
+        if features & _session_socket.FEATURE_RING_LIST_EVICTIONS:
+            self._ring_methods[self._stub.ListEvictions] = (
+                _command_ring.METHODS["ListEvictions"], pb.ListEvictionsResponse)
+        else:
+            self._ring_methods.pop(self._stub.ListEvictions, None)
 
     def _open_ring(self, sock, features):
         """The session's command ring on `sock`, or None (not wanted, not
@@ -586,7 +596,9 @@ class Client(CacheCalls):
         wait_kv_written, signal_value (0: the daemon picks; see
         TransferRequest.signal_value), gpu_waits_only (CUDA imports with GPU
         signals: no per-layer host progress; wait_layer then returns once
-        the whole operation is done).
+        the whole operation is done), progress_at_end (any import: the
+        signal record moves once, when every layer is copied; for callers
+        that wait for whole operations).
         """
         return self._transfer(self._stub.Load, pool, import_id, host_pages, device_slots,
                               **options)
@@ -601,13 +613,13 @@ class Client(CacheCalls):
 
     def _transfer(self, method, pool, import_id, host_pages, device_slots, layer_begin=0,
                   layer_end=0, mechanism=pb.MECHANISM_UNSPECIFIED, wait_kv_written=0,
-                  signal_value=0, gpu_waits_only=False):
+                  signal_value=0, gpu_waits_only=False, progress_at_end=False):
         request = pb.TransferRequest(
             session_id=self.session_id, pool=pool, import_id=import_id,
             host_page_pairs=_pairs(host_pages), device_slot_pairs=_pairs(device_slots),
             layer_begin=layer_begin, layer_end=layer_end, mechanism=mechanism,
             wait_kv_written=wait_kv_written, signal_value=signal_value,
-            gpu_waits_only=gpu_waits_only)
+            gpu_waits_only=gpu_waits_only, progress_at_end=progress_at_end)
         return self._submit("Load" if method == self._stub.Load else "Backup", request)
 
     def _submit(self, method_name, request):
@@ -719,6 +731,7 @@ class Client(CacheCalls):
                 sock.close()
                 raise
             ring = self._open_ring(sock, reply.features)
+            self._route_ring_extras(reply.features)
             with self._lock:
                 old, self._socket = self._socket, sock
             old_ring, self._ring = self._ring, ring

@@ -96,7 +96,7 @@ class RankStore:
                 # Copy once the compute stream has written the KV, no host sync.
                 options["wait_kv_written"] = self.signals.mark_kv_written()
             op = self.client.backup(self.pool, self.import_id, pages, slot_runs(ids),
-                                    **options)
+                                    progress_at_end=True, **options)
         except BaseException:
             self.client.free(self.pool, pages)
             raise
@@ -132,7 +132,8 @@ class RankStore:
             self.jobs[job_id] = _Job(job_id, "load", None, [], [], b"", 0, failed=True)
             return True
         try:
-            op = self.client.load(self.pool, self.import_id, found.pages, slot_runs(ids))
+            op = self.client.load(self.pool, self.import_id, found.pages, slot_runs(ids),
+                                  progress_at_end=True)
         except BaseException:
             self.client.release(self.pool, found.pages)
             raise

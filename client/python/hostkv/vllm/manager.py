@@ -36,6 +36,9 @@ from .mediums import HostkvLoadStoreSpec
 
 logger = logging.getLogger("hostkv.vllm")
 
+# Keys per ListEvictions: an answer that fits a command ring slot.
+_EVICTIONS_PER_CALL = 2048
+
 
 class _Hold:
     """References the scheduler's session holds on blocks: per rank the
@@ -231,7 +234,8 @@ class HostkvOffloadingManager(OffloadingManager):
         for i, (pool, namespace) in enumerate(self._ranks):
             try:
                 while True:
-                    got = self._client.list_evictions(pool, namespace, self._cursors[i])
+                    got = self._client.list_evictions(pool, namespace, self._cursors[i],
+                                                      _EVICTIONS_PER_CALL)
                     self._cursors[i] = got.next
                     if got.missed:
                         logger.warning("%d evictions in pool %s left the daemon's log unread",
@@ -240,7 +244,7 @@ class HostkvOffloadingManager(OffloadingManager):
                         if k not in seen:
                             seen.add(k)
                             out.append(self._keys.block_hash(k))
-                    if len(got.keys) < 65536:
+                    if len(got.keys) < _EVICTIONS_PER_CALL:
                         break
             except errors.NotFound:
                 continue
