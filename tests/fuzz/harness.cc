@@ -76,6 +76,8 @@ void Harness::Dispatch(int op) {
       return DoRelease();
     case kCopyPages:
       return DoCopyPages();
+    case kListEvictions:
+      return DoListEvictions();
     case kFree:
       return DoFree();
     case kLoad:
@@ -172,7 +174,8 @@ void Harness::PrintStats() const {
                                        "Publish",
                                        "Lookup",
                                        "Release",
-                                       "CopyPages"};
+                                       "CopyPages",
+                                       "ListEvictions"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
   std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
   for (int op = 0; op < kOpCount; ++op) {

@@ -97,6 +97,7 @@ class Harness {
     kLookup,
     kRelease,
     kCopyPages,
+    kListEvictions,
     kOpCount
   };
 
@@ -224,6 +225,7 @@ class Harness {
   void DoLookup();
   void DoRelease();
   void DoCopyPages();
+  void DoListEvictions();
   // Cached pages of every pool the model says no session references are
   // not referenced; the allocator's cached pages are the cache's.
   void CheckCacheInvariants(const HostPool& pool);

@@ -201,6 +201,50 @@ void Harness::DoLookup() {
              "Lookup: ", s->hits(), " hits, ", pages, " pages, ", n, " keys");
 }
 
+void Harness::DoListEvictions() {
+  v1::ListEvictionsRequest r;
+  r.set_session_id(PickSessionId());
+  r.set_pool(PickPoolName());
+  r.set_namespace_(PickNamespace());
+  r.set_after(OneIn(4) ? PickU64(kU64Max) : PickU64(64));
+  r.set_max_keys(OneIn(8) ? static_cast<uint32_t>(PickU64(1u << 20))
+                          : fdp_->ConsumeIntegralInRange<uint32_t>(0, 64));
+  const auto pool = FindPool(r.pool());
+  SessionModel* m = FindLive(r.session_id());
+  auto s = ViaRingOrDirect<v1::ListEvictionsResponse>(
+      RingMethod::kListEvictions, r, [&] { return handler_.ListEvictions(r); });
+  Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "ListEvictions")) return;
+  if (pool == nullptr) {
+    FUZZ_CHECK(IsUnknownPoolAnswer(r.pool(), s.status()), "ListEvictions in unknown pool");
+    return;
+  }
+  if (!MayUsePool(pool_owners_.at(r.pool()), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "ListEvictions in a pool the "
+               "session may not use: ", s.status().ToString());
+    return;
+  }
+  if (!ValidNamespace(r.namespace_()) || r.max_keys() > kMaxEvictionsListed) {
+    FUZZ_CHECK(absl::IsInvalidArgument(s.status()), "ListEvictions of bad input: ",
+               s.status().ToString());
+    return;
+  }
+  if (!MayUseNamespace(*pool, r.namespace_(), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()),
+               "ListEvictions in a namespace of another owner: ", s.status().ToString());
+    return;
+  }
+  FUZZ_CHECK(s.ok(), "ListEvictions refused: ", s.status().ToString());
+  FUZZ_CHECK(s->keys_size() <= static_cast<int>(r.max_keys()), "ListEvictions: ",
+             s->keys_size(), " keys for max_keys ", r.max_keys());
+  const uint64_t evictions = pool->cache().Stats().total.evictions;
+  FUZZ_CHECK(s->next() <= evictions, "ListEvictions: next ", s->next(), " past the ",
+             evictions, " evictions");
+  for (const std::string& key : s->keys()) {
+    FUZZ_CHECK(ValidKey(key, false), "ListEvictions returned a bad key");
+  }
+}
+
 void Harness::DoRelease() {
   v1::ReleaseRequest r;
   r.set_session_id(PickSessionId());

@@ -95,6 +95,8 @@ const ImportModel* Harness::BuildTransfer(v1::TransferRequest* r) {
       static_cast<v1::CopyMechanism>(mech < 250 ? mech % 3 : mech));
   // "KV written" waits exist for CUDA imports only: always refused here.
   if (OneIn(16)) r->set_wait_kv_written(PickU64(kU64Max));
+  // Progress once, at the end: the same copies, one signal publish.
+  if (OneIn(4)) r->set_progress_at_end(true);
   // The flat (first, count) pair forms of the same runs, as the client
   // library sends them; now and then both forms, or an odd count.
   const uint8_t form = fdp_->ConsumeIntegral<uint8_t>();

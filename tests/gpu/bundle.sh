@@ -14,7 +14,8 @@
 #             (libcuda.so.1, libnvidia-*), glibc's compatibility stubs the
 #             driver may load, and the dynamic loader ld-linux-x86-64.so.2
 #   python/   the pure-Python client (client/python/hostkv, with its
-#             generated _proto stubs) and tests/gpu/torch_e2e*.py, which the
+#             generated _proto stubs), tests/gpu/torch_e2e*.py and the vLLM
+#             stand-in (tests/python/vllm_standin), which the
 #             machine's own python3 runs (torch 2.x with CUDA there)
 #   tests.txt the GPU test binaries, one a line; MANIFEST (commit, sizes)
 #   run.sh    tests/gpu/bundle_run.sh: runs it all on the GPU machine
@@ -143,7 +144,9 @@ if ! /usr/bin/python3 "$root/client/python/gen_stubs.py" "$root/proto/hostkv/v1/
   rm -rf "$dir/python"
 else
   cp "$root/tests/gpu/torch_e2e.py" "$root/tests/gpu/torch_e2e_engines.py" \
-    "$root/tests/gpu/torch_e2e_sglang.py" "$dir/python/"
+    "$root/tests/gpu/torch_e2e_sglang.py" "$root/tests/gpu/torch_e2e_vllm.py" "$dir/python/"
+  cp -r "$root/tests/python/vllm_standin" "$dir/python/"
+  find "$dir/python/vllm_standin" -name __pycache__ -prune -exec rm -rf {} +
 fi
 rm -f "$dir/stubs.log"
 

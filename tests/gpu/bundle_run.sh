@@ -138,7 +138,8 @@ check_python() {
   [ -d "$py" ] || { echo "note: no python/ in this bundle: the torch check is left out"; return 0; }
   for f in hostkv/__init__.py hostkv/cuda.py hostkv/_proto/hostkv_pb2.py \
       hostkv/_proto/hostkv_pb2_grpc.py torch_e2e.py torch_e2e_engines.py \
-      torch_e2e_sglang.py hostkv_sglang_hook.py hostkv/sglang/host_pool.py; do
+      torch_e2e_sglang.py hostkv_sglang_hook.py hostkv/sglang/host_pool.py \
+      torch_e2e_vllm.py vllm_standin/drive.py hostkv/vllm/spec.py; do
     [ -f "$py/$f" ] || { echo "FAIL: python/$f is missing"; return 1; }
   done
   pick_python

@@ -21,7 +21,8 @@ side stream writes, and on its compute stream waits for each layer with
 GpuSignals.wait_layer before copying the layer's rows out (without the wait
 it would copy the sentinel). Then it compares bytes with A's. A third
 engine (torch_e2e_sglang.py) drives hostkv.sglang's host-pool classes as
-HiCache's controller does, on CUDA device pools.
+HiCache's controller does, on CUDA device pools; then two vLLM instances
+(torch_e2e_vllm.py) store and load blocks through hostkv.vllm.
 
 Prints one summary line. Exit 0 when the bytes match; 1 on a mismatch or
 an error (the bundled hostkv package not importing is one); 3 (skipped)
@@ -180,6 +181,24 @@ def run_sglang(target, workdir, deadline):
     return out.strip().splitlines()[-1]
 
 
+def run_vllm(target, workdir, deadline):
+    """Two vLLM instances (torch_e2e_vllm.py), one process each: A stores
+    blocks, then B loads them."""
+    line = ""
+    for role in ("vllm-a", "vllm-b"):
+        engine = _engine(role, target, workdir)
+        try:
+            out, _ = engine.communicate(timeout=_left(deadline))
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait()
+            raise RuntimeError(f"the vLLM engine {role} did not finish in time") from None
+        if engine.returncode != 0:
+            raise RuntimeError(f"the vLLM engine {role} failed (exit {engine.returncode})")
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+    return line
+
+
 def launch():
     why = skip_reason()
     if why is not None:
@@ -212,7 +231,9 @@ def launch():
         result = run_engines(daemon.target, workdir, deadline)
         t = lap("engines A and B", t)
         result += "; " + run_sglang(daemon.target, workdir, deadline)
-        lap("SGLang-class engine", t)
+        t = lap("SGLang-class engine", t)
+        result += "; " + run_vllm(daemon.target, workdir, deadline)
+        lap("vLLM engines", t)
         print(f"torch_e2e: PASS: {result} ({time.monotonic() - started:.1f} s)")
         return 0
     except RuntimeError as e:
@@ -233,7 +254,8 @@ def launch():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=["a", "b", "sglang"], help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=["a", "b", "sglang", "vllm-a", "vllm-b"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--to-session", type=int, help=argparse.SUPPRESS)
@@ -241,6 +263,9 @@ def main():
     if args.engine == "sglang":
         from torch_e2e_sglang import run  # pylint: disable=import-outside-toplevel
         return run(args.target)
+    if args.engine in ("vllm-a", "vllm-b"):
+        from torch_e2e_vllm import run as run_vllm_engine  # pylint: disable=import-outside-toplevel
+        return run_vllm_engine(args.engine, args.target, args.workdir)
     if args.engine:
         return run_engine(args.engine, args.target, args.workdir, args.to_session)
     return launch()

@@ -253,3 +253,96 @@ def test_kv_caches_hostkv_cannot_serve_are_refused_clearly(daemon, model):
     strided = hostkv.torch.shm_tensor((8, 128), torch.int8)[:, :64]
     with pytest.raises(errors.InvalidArgument, match="apart"):
         list(spec.get_handlers(CanonicalKVCaches([CanonicalKVCacheTensor(strided, 64)], [[]])))
+
+
+def test_instances_outlive_a_daemon_restart(model):
+    from conftest import Daemon
+    d = Daemon()
+    try:
+        hashes = prompt_hashes(4)
+        a = Instance(d.target, seed=1, model=model)
+        a.store(hashes, [0, 1, 2, 3])
+        stored = block_bytes(a.caches[0], [0, 1, 2, 3])
+        d.process.terminate()  # a graceful restart: the next daemon adopts the pool
+        d.process.wait()
+        d.restart()
+        # The same instance goes on: its sessions resume, its worker's KV
+        # buffers are registered again, the blocks are still cached.
+        hits, results = a.load(hashes, [10, 11, 12, 13])
+        assert hits == 4 and results[0].success
+        assert torch.equal(block_bytes(a.caches[0], [10, 11, 12, 13]), stored)
+        # And a new instance finds them too.
+        b = Instance(d.target, seed=2, model=model)
+        hits, results = b.load(hashes, [5, 6, 7, 8])
+        assert hits == 4 and results[0].success
+        assert torch.equal(block_bytes(b.caches[0], [5, 6, 7, 8]), stored)
+        b.close()
+        a.close()
+    finally:
+        d.stop()
+
+
+def test_offloaded_blocks_of_several_gpu_blocks(daemon, model):
+    # extra_config block_size 32 over 16-token GPU blocks: 2 per host page.
+    extra = {"block_size": 32}
+    a = Instance(daemon.target, seed=1, model=model, extra=extra)
+    assert a.sched.factor == 2
+    from vllm.v1.core.kv_cache_utils import BlockHashListWithBlockSize
+    hashes = list(BlockHashListWithBlockSize(prompt_hashes(6), vf.BLOCK, 2 * vf.BLOCK))
+    assert len(hashes) == 3 and len(hashes[0]) == 64
+    gpu = [4, 5, 12, 13, 20, 21]
+    a.store(hashes, gpu)
+    b = Instance(daemon.target, seed=2, model=model, extra=extra)
+    hits, results = b.load(hashes, [0, 1, 2, 3, 6, 7])
+    assert hits == 3 and results[0].success
+    assert torch.equal(block_bytes(b.caches[0], [0, 1, 2, 3, 6, 7]), block_bytes(a.caches[0], gpu))
+    # A load that starts inside an offloaded block is refused, not half-done.
+    from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
+    src = b.sched.manager.prepare_load(hashes[:1])
+    assert b.workers[0].submit((src, GPULoadStoreSpec([9, 10], (2,), block_indices=(1,)))) is None
+    b.sched.manager.complete_load(hashes[:1])
+    # Longer hashes than a key (64 bytes here, 96 with 3 per block) are
+    # keyed by their digest; evictions come back as vLLM's hashes.
+    b.close()
+    a.close()
+
+
+def test_the_v0_11_worker_api_takes_a_dict_of_layer_caches(daemon, model):
+    # vLLM v0.11-v0.13: spec_cls(vllm_config), get_handlers(kv_caches:
+    # dict[str, torch.Tensor]) with FlashAttention's per-layer caches.
+    vc, kcc = vf.configs(daemon.target, model=model)
+    spec = drive.create_spec(vc, era="v0.11")
+    caches = vf.flash_attn_caches(kcc, seed=4)
+    handlers = list(spec.get_handlers(caches))
+    assert [(s.medium(), d.medium()) for s, d, _ in handlers] == [("GPU", "CPU"), ("CPU", "GPU")]
+    store = handlers[0][2].store
+    assert store.row_bytes == 4 * vf.BLOCK * 2 * 32 * 2  # K and V of 2 layers
+    handlers[0][2].shutdown()
+
+
+def test_a_pool_made_by_another_instance_with_another_size_is_used(daemon, model):
+    a = Instance(daemon.target, seed=1, model=model, capacity_bytes=1 << 20)
+    b = Instance(daemon.target, seed=2, model=model, capacity_bytes=2 << 20)  # attaches
+    hashes = prompt_hashes(2)
+    a.store(hashes, [0, 1])
+    assert b.load(hashes, [2, 3])[0] == 2
+    a.close()
+    b.close()
+
+
+def test_several_kv_cache_groups_are_refused(daemon, model):
+    from vllm.v1.kv_offload.spec import (CanonicalKVCacheRef, CanonicalKVCaches,
+                                         CanonicalKVCacheTensor)
+    vc, kcc = vf.configs(daemon.target, model=model)
+    spec = drive.create_spec(vc, kcc)
+    t = [hostkv.torch.shm_tensor((8, 64), torch.int8) for _ in range(2)]
+    two_groups = CanonicalKVCaches([CanonicalKVCacheTensor(x, 64) for x in t],
+                                   [[CanonicalKVCacheRef(0, 64)], [CanonicalKVCacheRef(1, 64)]])
+    with pytest.raises(errors.InvalidArgument, match="KV cache groups"):
+        list(spec.get_handlers(two_groups))
+    # A job naming two groups is not submitted either.
+    a = Instance(daemon.target, seed=1, model=model)
+    out = a.sched.manager.prepare_store(prompt_hashes(2, 31))
+    from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
+    assert a.workers[0].submit((GPULoadStoreSpec([1, 2], (1, 1)), out.store_spec)) is None
+    a.close()

@@ -23,6 +23,8 @@
 namespace hostkv {
 namespace {
 
+constexpr uint32_t kAlice = 61001;
+constexpr uint32_t kBob = 61002;
 constexpr uint64_t kPages = 16;  // Spec("p"): 60 tokens -> 16 pages of 4
 
 RequestLimits CacheLimits() {
@@ -93,6 +95,18 @@ class CacheRequestsTest : public HandlerFixture {
     auto r = Lookup(s, keys, false, ns);
     EXPECT_OK(r);
     return r.ok() ? r->hits() : 0;
+  }
+
+  absl::StatusOr<v1::ListEvictionsResponse> Evictions(
+      const SessionId& s, uint64_t after, uint32_t max_keys = 100,
+      const std::string& ns = "model-a") {
+    v1::ListEvictionsRequest request;
+    request.set_session_id(s);
+    request.set_pool("p");
+    request.set_namespace_(ns);
+    request.set_after(after);
+    request.set_max_keys(max_keys);
+    return handler_.ListEvictions(request);
   }
 
   absl::StatusOr<v1::ReleaseResponse> Release(const SessionId& s,
@@ -443,6 +457,40 @@ TEST_F(CacheRequestsTest, AllocEvictsOnlyUnreferencedPagesColdestFirst) {
   ExpectConsistent();
 }
 
+TEST_F(CacheRequestsTest, EvictionsAreListedToTheNamespacesUsers) {
+  const SessionId writer = OpenSession(true, kAlice);
+  const std::vector<uint64_t> pages = AllocPages(writer, kPages);
+  ASSERT_OK(Publish(writer, Keys(0, kPages), pages));
+  // A reader that starts now: no keys, the current number.
+  auto start = Evictions(writer, 0, 0);
+  ASSERT_OK(start);
+  EXPECT_EQ(0, start->keys_size());
+  EXPECT_EQ(0u, start->next());
+  AllocPages(writer, 3);  // evicts k15, k14, k13: the coldest
+  auto evicted = Evictions(writer, start->next());
+  ASSERT_OK(evicted);
+  EXPECT_EQ((std::vector<std::string>{"k15", "k14", "k13"}),
+            std::vector<std::string>(evicted->keys().begin(), evicted->keys().end()));
+  EXPECT_EQ(3u, evicted->next());
+  EXPECT_EQ(0u, evicted->missed());
+  // From the answer's next on: nothing new.
+  auto again = Evictions(writer, evicted->next());
+  ASSERT_OK(again);
+  EXPECT_EQ(0, again->keys_size());
+  // Another uid may not read the namespace; bad requests are refused.
+  const SessionId other = OpenSession(true, kBob);
+  EXPECT_ERROR(PermissionDenied, Evictions(other, 0));
+  EXPECT_ERROR(InvalidArgument, Evictions(writer, 0, 65537));
+  EXPECT_ERROR(InvalidArgument, Evictions(writer, 0, 10, ""));
+  EXPECT_ERROR(NotFound, Evictions(SessionId(16, 'x'), 0));
+  // A namespace nobody published in has none.
+  auto none = Evictions(other, 0, 100, "model-z");
+  ASSERT_OK(none);
+  EXPECT_EQ(0, none->keys_size());
+  EXPECT_EQ(3u, none->next());
+  ExpectConsistent();
+}
+
 TEST_F(CacheRequestsTest, ParentsAreEvictedAfterTheirChildren) {
   const SessionId s = OpenSession();
   const std::vector<uint64_t> pages = AllocPages(s, 4);
@@ -598,8 +646,6 @@ TEST_F(CacheRequestsTest, APoolWithOnlyUnreferencedCachedPagesCanBeDeleted) {
 }
 
 // Peers of two users.
-constexpr uint32_t kAlice = 61001;
-constexpr uint32_t kBob = 61002;
 
 TEST_F(CacheRequestsTest, ANamespaceBelongsToItsFirstPublishersUid) {
   const SessionId mine = OpenSession(true, kAlice);

@@ -216,6 +216,42 @@ TEST_F(CommandRingTest, AnswersThatMightNotFitGoOverGrpc) {
   ASSERT_OK(Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4)));
 }
 
+TEST_F(CommandRingTest, ListEvictionsAnswersAsTheHandler) {
+  // Fill the pool with published pages, then evict three of them.
+  auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(64));
+  ASSERT_OK(alloc);
+  v1::PublishRequest publish;
+  publish.set_pool("p");
+  publish.set_namespace_("ns");
+  uint64_t n = 0;
+  for (const v1::PageRun& run : alloc->pages()) {
+    for (uint64_t i = 0; i < run.num_pages(); ++i) {
+      v1::CacheItem* item = publish.add_items();
+      item->set_key(absl::StrCat("k", n++));
+      item->set_page(run.first_page() + i);
+    }
+  }
+  ASSERT_OK(Call<v1::PublishResponse>(RingMethod::kPublish, publish));
+  ASSERT_OK(Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(12)));
+  v1::ListEvictionsRequest list;
+  list.set_pool("p");
+  list.set_namespace_("ns");
+  list.set_max_keys(100);
+  auto ring = Call<v1::ListEvictionsResponse>(RingMethod::kListEvictions, list);
+  ASSERT_OK(ring);
+  EXPECT_EQ(3, ring->keys_size());
+  EXPECT_EQ(3u, ring->next());
+  list.set_session_id(session_);
+  auto direct = handler_.ListEvictions(list);
+  ASSERT_OK(direct);
+  EXPECT_EQ(direct->SerializeAsString(), ring->SerializeAsString());
+  // An answer that might not fit a slot goes over gRPC.
+  list.set_max_keys(65536);
+  EXPECT_FALSE(client_->Call(RingMethod::kListEvictions, list.SerializeAsString(),
+                             absl::Seconds(10), [] { return false; })
+                   .has_value());
+}
+
 // A Publish whose page a copy still fills would wait: the ring does not run
 // it (the client sends it over gRPC, which waits), and nothing changed.
 TEST_F(CommandRingTest, APublishThatWouldWaitGoesOverGrpc) {

@@ -33,6 +33,13 @@ _STORE = ("GPU", "CPU")
 _LOAD = ("CPU", "GPU")
 
 
+def _one_group(spec, what):
+    sizes = getattr(spec, "group_sizes", None)
+    if sizes is not None and len(sizes) != 1:
+        raise errors.InvalidArgument(
+            f"{what}: blocks of {len(sizes)} KV cache groups; hostkv.vllm serves one")
+
+
 class _Job:
     __slots__ = ("job_id", "kind", "op", "pages", "keys", "parent", "bytes", "start",
                  "failed")
@@ -72,6 +79,7 @@ class RankStore:
     def store(self, job_id, src, dst):
         if not isinstance(src, GPULoadStoreSpec) or not isinstance(dst, HostkvLoadStoreSpec):
             raise errors.InvalidArgument(f"a store goes GPU -> hostkv, got {src!r} -> {dst!r}")
+        _one_group(src, f"store job {job_id}")
         ids = check_block_ids(src.block_ids, self.num_blocks, f"store job {job_id}")
         if len(ids) != len(dst.keys) * self.factor:
             raise errors.InvalidArgument(
@@ -107,6 +115,7 @@ class RankStore:
     def load(self, job_id, src, dst):
         if not isinstance(src, HostkvLoadStoreSpec) or not isinstance(dst, GPULoadStoreSpec):
             raise errors.InvalidArgument(f"a load goes hostkv -> GPU, got {src!r} -> {dst!r}")
+        _one_group(dst, f"load job {job_id}")
         ids = check_block_ids(dst.block_ids, self.num_blocks, f"load job {job_id}")
         indices = getattr(dst, "block_indices", None)
         if self.factor > 1 and indices and int(indices[0]) % self.factor:

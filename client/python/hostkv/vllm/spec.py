@@ -168,6 +168,12 @@ class HostkvOffloadingSpec(OffloadingSpec):
         logger.info("pool %s exists with another capacity; using it as it is", pool)
 
     def _canonical_tensors(self, kv_caches):
+        groups = getattr(self.kv_cache_config, "kv_cache_groups", None)
+        refs = getattr(kv_caches, "group_data_refs", None)
+        if (groups is not None and len(groups) > 1) or (refs is not None and len(refs) > 1):
+            raise errors.InvalidArgument(
+                f"{max(len(groups or ()), len(refs or ()))} KV cache groups: hybrid models "
+                "(several KV cache groups) are not supported by hostkv.vllm")
         tensors = getattr(kv_caches, "tensors", None)
         if tensors is not None:  # CanonicalKVCaches (v0.14+)
             return [t.tensor for t in tensors]
