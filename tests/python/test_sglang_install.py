@@ -151,3 +151,18 @@ def test_pip_installed_pth_is_opt_in(venv, standin):
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""),
                          cwd="/", check=True)
     assert out.stdout.strip() == "PoolSpec"
+
+
+def test_pip_installed_package_carries_the_vllm_spec(venv):
+    # vLLM imports the spec by module path: hostkv.vllm must be installed,
+    # and (with the stand-in of vLLM's API on the path) load.
+    standin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_standin")
+    out = subprocess.run(
+        [venv, "-c", "import hostkv.vllm as v; print(v.HostkvOffloadingSpec.__module__)"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=standin), cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hostkv.vllm.spec"
+    # Without any vLLM it says which versions it needs.
+    out = subprocess.run([venv, "-c", "import hostkv.vllm"], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=""), cwd="/")
+    assert out.returncode != 0 and "v0.11-v0.20" in out.stderr

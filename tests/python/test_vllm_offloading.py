@@ -346,3 +346,26 @@ def test_several_kv_cache_groups_are_refused(daemon, model):
     from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
     assert a.workers[0].submit((GPULoadStoreSpec([1, 2], (1, 1)), out.store_spec)) is None
     a.close()
+
+
+def test_a_lookup_past_the_reference_cap_is_a_miss_holding_nothing(model):
+    from conftest import Daemon
+    d = Daemon("--max_cache_refs_per_session=6")
+    try:
+        a = Instance(d.target, seed=1, tp=2, model=model)
+        hashes = prompt_hashes(4)
+        a.store(hashes, [0, 1, 2, 3])
+        m = a.sched.manager
+        assert m.lookup(hashes) == 4  # holds 4 references on each rank
+        # 4 more on rank 0 pass the cap of 6 held by the session: the old
+        # hold is given back and the lookup retried.
+        assert m.lookup(prompt_hashes(4)[:3] + prompt_hashes(1, 99)) == 3
+        assert m.lookup(prompt_hashes(8, 500)) == 0
+        for r in (0, 1):
+            s = _pool_stats(d, a.sched.spec._layout.pool(r))
+            assert s.cache.referenced_pages <= 4
+        a.close()
+        for r in (0, 1):
+            assert _pool_stats(d, a.sched.spec._layout.pool(r)).cache.referenced_pages == 0
+    finally:
+        d.stop()

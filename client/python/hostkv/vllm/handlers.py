@@ -189,6 +189,8 @@ class RankStore:
             try:
                 if job.kind == "store" and not job.failed:
                     self._publish(job)
+                elif job.kind == "store":  # the copy failed: the pages go back
+                    self.client.free(self.pool, job.pages)
                 elif job.kind == "load":
                     self.client.release(self.pool, job.pages)
             except errors.HostKVError as e:

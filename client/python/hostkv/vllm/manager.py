@@ -88,7 +88,17 @@ class HostkvOffloadingManager(OffloadingManager):
         if not keys:
             return 0
         self._drop_hold(keys)
-        hold = self._acquire(keys)
+        try:
+            hold = self._acquire(keys)
+        except errors.ResourceExhausted as e:
+            # The session's references are capped (--max_cache_refs_per_session):
+            # give back every unclaimed hold and try once more; else a miss.
+            self._drop_all_holds()
+            try:
+                hold = self._acquire(keys)
+            except errors.ResourceExhausted:
+                logger.warning("lookup of %d blocks: %s; answered as a miss", len(keys), e)
+                return 0
         if hold is None:
             return 0
         if hold.count == 0:
@@ -186,6 +196,9 @@ class HostkvOffloadingManager(OffloadingManager):
             except errors.NotFound:
                 self._release(_Hold(found, 0))
                 return None
+            except BaseException:
+                self._release(_Hold(found, 0))  # the ranks before hold references
+                raise
             found.append(_page_list(result.pages))
         count = min(len(p) for p in found)
         # Keep the common run; give back what a rank found beyond it.
@@ -205,6 +218,10 @@ class HostkvOffloadingManager(OffloadingManager):
 
     def _drop_hold(self, keys):
         for k in [k for k in self._holds if k == keys[:len(k)]]:
+            self._release(self._holds.pop(k))
+
+    def _drop_all_holds(self):
+        for k in list(self._holds):
             self._release(self._holds.pop(k))
 
     def _expire_holds(self):
