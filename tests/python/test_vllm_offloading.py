@@ -369,3 +369,41 @@ def test_a_lookup_past_the_reference_cap_is_a_miss_holding_nothing(model):
             assert _pool_stats(d, a.sched.spec._layout.pool(r)).cache.referenced_pages == 0
     finally:
         d.stop()
+
+
+def test_the_standin_checks_itself():
+    # The stand-in's own check (an in-memory spec through the connector's
+    # call order), so that a broken stand-in cannot pass the tests above.
+    out = subprocess.run([sys.executable, os.path.join(HERE, "vllm_standin", "selfcheck.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_requests_stores_over_several_steps_complete_as_one_set(daemon, model):
+    # vLLM stores a request's blocks step by step and completes them once,
+    # as the set of all of them (scheduler.py @0072b0b7 _reqs_being_stored).
+    a = Instance(daemon.target, seed=1, model=model)
+    hashes = prompt_hashes(6)
+    m, w = a.sched.manager, a.workers[0]
+    being_stored = set()
+    for start in (0, 2, 4):
+        out, transfer = a.sched.prepare_store(hashes[:start + 2], list(range(6)), start)
+        job = w.submit(transfer)
+        assert w.wait([job])[job].success
+        being_stored |= set(out.block_hashes_to_store)
+    list(a.sched.take_events())
+    a.sched.complete_store(being_stored)
+    stored = [h for e in a.sched.take_events() if isinstance(e, drive.BlockStored)
+              for h in e.block_hashes]
+    assert stored == hashes  # in chain order, every block
+    # Loads: two requests load blocks; completing one (as a set) releases
+    # only its references.
+    pool = a.sched.spec._layout.pool(0)
+    _, t1 = a.sched.lookup_and_prepare_load(hashes[:3], [10, 11, 12])
+    _, t2 = a.sched.lookup_and_prepare_load(hashes, [20, 21, 22, 23, 24, 25], start=3)
+    assert _pool_stats(daemon, pool).cache.referenced_pages == 6
+    m.complete_load({hashes[2], hashes[0], hashes[1]})
+    assert _pool_stats(daemon, pool).cache.referenced_pages == 3
+    m.complete_load(set(hashes[3:]))
+    assert _pool_stats(daemon, pool).cache.referenced_pages == 0
+    a.close()

@@ -9,10 +9,12 @@ vLLM's CPU handlers require.
 Scheduler process (SchedulerSide, one manager per engine):
   load:  touch(all request hashes) -> lookup(hashes from the first block
          not computed on GPU) -> prepare_load(hit hashes) -> [workers load]
-         -> complete_load(hit hashes) when the worker reports the job done;
+         -> complete_load(the SET of the request's loaded hashes) when the
+         worker reports the job done;
   store: prepare_store(new full-block hashes) -> touch(hashes so far) ->
-         [workers store block_hashes_to_store] -> complete_store(those)
-         when done (also when the request is preempted);
+         [workers store block_hashes_to_store] -> complete_store(the SET of
+         the request's stored hashes, accumulated over its steps) when done
+         (also when the request is preempted);
   every step: take_events() -> BlockStored / BlockRemoved.
 Worker process (WorkerSide, one per rank): get_handlers(CanonicalKVCaches)
 once, handlers registered by (src medium, dst medium); per job
@@ -112,7 +114,9 @@ class SchedulerSide:
         return hits, (src, dst)
 
     def complete_load(self, block_hashes):
-        self.manager.complete_load(list(block_hashes))
+        # As update_connector_output: the SET of the request's loaded hashes
+        # (_reqs_being_loaded), in no order.
+        self.manager.complete_load(set(block_hashes))
 
     def prepare_store(self, block_hashes, gpu_block_ids, start=0):
         """Returns (PrepareStoreOutput or None, transfer spec or None)."""
@@ -128,7 +132,10 @@ class SchedulerSide:
         return out, (GPULoadStoreSpec(ids, group_sizes=(len(ids),)), out.store_spec)
 
     def complete_store(self, block_hashes, success=True):
-        self.manager.complete_store(list(block_hashes), success)
+        # As update_connector_output / a preemption: the SET of the
+        # request's stored hashes (_reqs_being_stored, grown with |= over its
+        # steps), in no order.
+        self.manager.complete_store(set(block_hashes), success)
 
     def take_events(self):
         events = []

@@ -9,7 +9,10 @@ fills and publishes its own shard, see naming.py):
                 that the prepare_load that follows in the same step finds
                 them; an unclaimed hold is released after that.
   prepare_load  claims the hold (or takes references anew) and keeps the
-                references until complete_load: no instance's allocation
+                references until complete_load (vLLM passes it the set of
+                a request's loaded hashes; a load vLLM gave up on, which
+                never completes, is released after twice its
+                load_timeout_seconds): no instance's allocation
                 can evict the blocks while workers load them. The spec
                 holds the keys; each worker takes its own references.
   touch         not forwarded: the daemon's recency comes from every
@@ -65,7 +68,8 @@ def _runs(pages):
 
 
 class HostkvOffloadingManager(OffloadingManager):
-    def __init__(self, client, layout, block_size, events=False, hold_seconds=5.0):
+    def __init__(self, client, layout, block_size, events=False, hold_seconds=5.0,
+                 load_timeout_seconds=30.0):
         self._client = client
         self._layout = layout
         self._ranks = [(layout.pool(r), layout.namespace(r)) for r in layout.ranks()]
@@ -74,7 +78,18 @@ class HostkvOffloadingManager(OffloadingManager):
         self._hold_seconds = float(hold_seconds)
         self._keys = KeyMap()
         self._holds = {}  # tuple(keys) -> _Hold, from lookup
-        self._loading = {}  # tuple(keys) -> [_Hold], from prepare_load
+        # Loads in flight: [frozenset(keys), _Hold], from prepare_load. vLLM
+        # passes complete_load the SET of a request's loaded hashes (its
+        # _reqs_being_loaded), in no order.
+        self._loading = []
+        # A load vLLM gave up on (its load timeout) never gets complete_load:
+        # its references go after twice that.
+        self._load_expiry = 2 * float(load_timeout_seconds)
+        # Keys being stored -> a number growing in prepare_store order:
+        # complete_store gets a request's stored hashes as a set, and the
+        # check for events needs them in chain order.
+        self._store_order = {}
+        self._store_seq = 0
         self._events = []
         # ListEvictions' cursor per rank: from now on (0 for a pool not made
         # yet: all of its evictions will be news).
@@ -118,22 +133,28 @@ class HostkvOffloadingManager(OffloadingManager):
             raise errors.FailedPrecondition(
                 f"prepare_load of {len(keys)} blocks: only {found} are cached on every rank "
                 "(evicted since lookup)")
-        self._loading.setdefault(keys, []).append(hold)
+        hold.since = time.monotonic()
+        self._loading.append([frozenset(keys), hold])
         return HostkvLoadStoreSpec(keys)
 
     def touch(self, block_hashes):
         return
 
     def complete_load(self, block_hashes):
-        keys = tuple(self._keys.keys(block_hashes))
-        holds = self._loading.get(keys)
-        if not holds:
-            logger.warning("complete_load of %d blocks that no prepare_load pinned", len(keys))
+        given = frozenset(self._keys.keys(block_hashes))
+        # The loads whose blocks are all among them, one per distinct set
+        # (vLLM's set may be the union of a request's loads).
+        done, seen = [], set()
+        for entry in self._loading:
+            if entry[0] <= given and entry[0] not in seen:
+                seen.add(entry[0])
+                done.append(entry)
+        if not done:
+            logger.warning("complete_load of %d blocks that no prepare_load pinned", len(given))
             return
-        hold = holds.pop()
-        if not holds:
-            del self._loading[keys]
-        self._release(hold)
+        for entry in done:
+            self._loading.remove(entry)
+            self._release(entry[1])
 
     # -- stores ---------------------------------------------------------
 
@@ -145,22 +166,30 @@ class HostkvOffloadingManager(OffloadingManager):
             return None  # no worker has registered its KV cache yet
         evicted = self._take_evictions()
         to_store = hashes[cached:]
+        for k in keys[cached:]:
+            self._store_seq += 1
+            self._store_order[k] = self._store_seq
         parent = keys[cached - 1] if cached > 0 else b""
         return PrepareStoreOutput(block_hashes_to_store=to_store,
                                   store_spec=HostkvLoadStoreSpec(keys[cached:], parent),
                                   block_hashes_evicted=evicted)
 
     def complete_store(self, block_hashes, success=True):
-        if not self._events_on or not success:
-            return
+        # vLLM passes the SET of a request's stored hashes: put them back in
+        # the order prepare_store saw them (one prompt's chain).
         hashes = list(block_hashes)
-        if not hashes:
+        keys = self._keys.keys(hashes)
+        order = [self._store_order.pop(k, float("inf")) for k in keys]
+        if not self._events_on or not success or not hashes:
             return
+        ranked = sorted(zip(order, keys, hashes), key=lambda t: t[0])
+        keys = [k for _, k, _ in ranked]
         # Report what the workers did publish on every rank (a worker that
         # could not allocate reports its job done but stored nothing).
-        stored = self._cached_on_every_rank(self._keys.keys(hashes), acquire=False) or 0
+        stored = self._cached_on_every_rank(keys, acquire=False) or 0
         if stored:
-            self._events.append(OffloadingEvent(hashes[:stored], self._block_size, "CPU", False))
+            self._events.append(OffloadingEvent([h for _, _, h in ranked][:stored],
+                                                self._block_size, "CPU", False))
 
     def take_events(self):
         if not self._events_on:
@@ -178,9 +207,8 @@ class HostkvOffloadingManager(OffloadingManager):
         for hold in list(self._holds.values()):
             self._release(hold)
         self._holds.clear()
-        for holds in self._loading.values():
-            for hold in holds:
-                self._release(hold)
+        for _, hold in self._loading:
+            self._release(hold)
         self._loading.clear()
         self._client.close()
 
@@ -228,6 +256,11 @@ class HostkvOffloadingManager(OffloadingManager):
         now = time.monotonic()
         for k in [k for k, h in self._holds.items() if now - h.since > self._hold_seconds]:
             self._release(self._holds.pop(k))
+        for entry in [e for e in self._loading if now - e[1].since > self._load_expiry]:
+            logger.warning("a load of %d blocks was never completed; its references go",
+                           len(entry[0]))
+            self._loading.remove(entry)
+            self._release(entry[1])
 
     def _cached_on_every_rank(self, keys, acquire):
         hits = None

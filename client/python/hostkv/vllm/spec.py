@@ -109,7 +109,8 @@ class HostkvOffloadingSpec(OffloadingSpec):
             self._manager = HostkvOffloadingManager(
                 client, self._layout, self._gpu_block * self._factor,
                 events=bool(events and events.enable_kv_cache_events),
-                hold_seconds=self._hold_seconds)
+                hold_seconds=self._hold_seconds,
+                load_timeout_seconds=float(self.extra_config.get("load_timeout_seconds", 30.0)))
         return self._manager
 
     # -- workers --------------------------------------------------------
