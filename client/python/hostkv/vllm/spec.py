@@ -118,8 +118,11 @@ class HostkvOffloadingSpec(OffloadingSpec):
     def get_handlers(self, kv_caches, attn_backends=None):
         tensors = self._canonical_tensors(kv_caches)
         num_blocks, block_bytes = check_tensors(tensors)
+        # The worker's rank in its instance's TP x PP world (a rank counted
+        # across data-parallel replicas maps to its place in its replica).
         rank = int(self.extra_config.get("hostkv_rank",
                                          getattr(self.vllm_config.parallel_config, "rank", 0)))
+        rank %= self._layout.world_size
         pool = self._layout.pool(rank)
         namespace = self._layout.namespace(rank)
         client = Client(self._target, client_name=f"vllm-worker-r{rank}")
