@@ -8,6 +8,7 @@ block one token slot (a row of page_bytes), and an offloaded block of
 block_size_factor engine blocks one host page.
 """
 from .. import errors
+from ..cache_calls import page_runs
 
 
 def check_tensors(tensors):
@@ -43,14 +44,7 @@ def check_tensors(tensors):
 def slot_runs(block_ids):
     """Block ids (any int sequence) as [(first, count)] runs of consecutive
     ids, in order."""
-    runs = []
-    for b in block_ids:
-        b = int(b)
-        if runs and runs[-1][0] + runs[-1][1] == b:
-            runs[-1][1] += 1
-        else:
-            runs.append([b, 1])
-    return [(f, n) for f, n in runs]
+    return page_runs([int(b) for b in block_ids])
 
 
 def check_block_ids(block_ids, num_blocks, what):

@@ -34,6 +34,8 @@ from vllm.v1.kv_offload.abstract import (OffloadingEvent, OffloadingManager,
                                          PrepareStoreOutput)
 
 from .. import errors
+from ..cache_calls import page_list as _page_list
+from ..cache_calls import page_runs as _runs
 from .keys import KeyMap
 from .mediums import HostkvLoadStoreSpec
 
@@ -51,20 +53,6 @@ class _Hold:
         self.pages_by_rank = pages_by_rank
         self.count = count
         self.since = time.monotonic()
-
-
-def _page_list(runs):
-    return [f + i for f, n in runs for i in range(n)]
-
-
-def _runs(pages):
-    runs = []
-    for p in pages:
-        if runs and runs[-1][0] + runs[-1][1] == p:
-            runs[-1][1] += 1
-        else:
-            runs.append([p, 1])
-    return [(f, n) for f, n in runs]
 
 
 class HostkvOffloadingManager(OffloadingManager):
