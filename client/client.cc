@@ -533,6 +533,7 @@ absl::StatusOr<Operation> Client::Transfer(
   request.set_layer_end(options.layer_end);
   request.set_mechanism(options.mechanism);
   request.set_wait_kv_written(options.wait_kv_written);
+  request.set_progress_at_end(options.progress_at_end);
   ASSIGN_OR_RETURN(
       v1::TransferResponse response,
       (impl_->Call<v1::TransferRequest, v1::TransferResponse>(

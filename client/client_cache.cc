@@ -87,6 +87,26 @@ absl::StatusOr<uint64_t> Client::Release(const std::string& pool,
   return response.released();
 }
 
+absl::StatusOr<EvictedKeys> Client::ListEvictions(const std::string& pool,
+                                                  const std::string& cache_namespace,
+                                                  uint64_t after, uint32_t max_keys) {
+  v1::ListEvictionsRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_namespace_(cache_namespace);
+  request.set_after(after);
+  request.set_max_keys(max_keys);
+  ASSIGN_OR_RETURN(v1::ListEvictionsResponse response,
+                   (impl_->Call<v1::ListEvictionsRequest, v1::ListEvictionsResponse>(
+                       &v1::HostKV::Stub::ListEvictions, request)));
+  EvictedKeys out;
+  out.keys.assign(std::make_move_iterator(response.mutable_keys()->begin()),
+                  std::make_move_iterator(response.mutable_keys()->end()));
+  out.next = response.next();
+  out.missed = response.missed();
+  return out;
+}
+
 absl::StatusOr<CopyPagesResult> Client::CopyPages(
     const std::string& pool, const std::vector<PageRange>& from,
     const std::vector<PageRange>& to) {

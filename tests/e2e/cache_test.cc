@@ -170,6 +170,35 @@ TEST_F(CacheTest, AlreadyCachedKeysLeaveThePageToTheCaller) {
   EXPECT_EQ(2u, b->Free(kPool, left).value());
 }
 
+TEST_F(CacheTest, EvictionsAreListedFromACursor) {
+  std::string data;
+  // Every page of the pool, published as one chain.
+  const uint64_t pages = a_->GetPoolStats(kPool).value().pools(0).capacity_pages();
+  const std::vector<PageRange> all = WrittenPages(*a_, pages, 5, &data);
+  ASSERT_OK(a_->Publish(kPool, kNs, Chain(all)));
+  auto start = a_->ListEvictions(kPool, kNs, 0, 0);  // from now on
+  ASSERT_OK(start);
+  EXPECT_TRUE(start->keys.empty());
+  std::unique_ptr<Client> b = Connect("hungry");
+  ASSERT_OK(b->Alloc(kPool, 3 * 4));  // evicts the chain's last three, leaf first
+  auto evicted = a_->ListEvictions(kPool, kNs, start->next);
+  ASSERT_OK(evicted);
+  const int last = static_cast<int>(pages) - 1;
+  EXPECT_EQ((std::vector<std::string>{Key(last), Key(last - 1), Key(last - 2)}),
+            evicted->keys);
+  EXPECT_EQ(start->next + 3, evicted->next);
+  EXPECT_EQ(0u, evicted->missed);
+  // Paged: one key at a time gives the same, in order.
+  auto first = a_->ListEvictions(kPool, kNs, start->next, 1);
+  ASSERT_OK(first);
+  EXPECT_EQ((std::vector<std::string>{Key(last)}), first->keys);
+  auto rest = a_->ListEvictions(kPool, kNs, first->next, 10);
+  ASSERT_OK(rest);
+  EXPECT_EQ(2u, rest->keys.size());
+  EXPECT_ERROR(InvalidArgument, a_->ListEvictions(kPool, kNs, 0, 65537));
+  EXPECT_ERROR(NotFound, a_->ListEvictions("no-such-pool", kNs, 0));
+}
+
 TEST_F(CacheTest, OnePageUnderTwoKeysIsAConflict) {
   std::string data;
   const std::vector<PageRange> pages = WrittenPages(*a_, 1, 3, &data);

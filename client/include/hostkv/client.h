@@ -67,6 +67,9 @@ struct TransferOptions {
   // A load uses it to wait until the compute stream no longer reads the
   // slots it overwrites.
   uint64_t wait_kv_written = 0;
+  // Any import: the signal record moves once, when every layer is copied
+  // (a waiter for the whole operation wakes once, not once per layer).
+  bool progress_at_end = false;
 };
 
 // The page cache (server/README.md, "The page cache"). Keys and namespaces are opaque
@@ -100,6 +103,15 @@ struct LookupResult {
   uint64_t hits = 0;  // keys, from the first, that are cached
   // Their pages, one per hit in key order, as runs of consecutive pages.
   std::vector<PageRange> pages;
+};
+
+// Keys of a namespace the cache evicted, from a cursor (ListEvictions).
+struct EvictedKeys {
+  std::vector<std::string> keys;  // in eviction order
+  uint64_t next = 0;              // pass as `after` next time
+  // Evictions (of any namespace of the pool) that left the daemon's log
+  // before they were read.
+  uint64_t missed = 0;
 };
 
 struct CopyPagesResult {
@@ -272,6 +284,12 @@ class Client {
   // few references on.
   absl::StatusOr<uint64_t> Release(const std::string& pool,
                                    const std::vector<PageRange>& pages);
+  // The keys of `cache_namespace` the cache evicted after eviction number
+  // `after` (up to max_keys, at most 65,536; 0: none, and `next` is the
+  // current number, to start "from now"). Access as Lookup.
+  absl::StatusOr<EvictedKeys> ListEvictions(const std::string& pool,
+                                            const std::string& cache_namespace,
+                                            uint64_t after, uint32_t max_keys = 2048);
   // Copies page i of `from` into page i of `to` inside the daemon (every
   // layer, the pool's layout) and returns once the bytes are copied. `from`:
   // cached pages the session references, or pages it owns; `to`: pages it
