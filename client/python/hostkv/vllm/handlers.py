@@ -71,7 +71,6 @@ class RankStore:
         self.factor = factor
         self.signals = signals  # hostkv.cuda.GpuSignals on CUDA, else None
         self.jobs = collections.OrderedDict()  # job_id -> _Job
-        self.stored_blocks = 0  # blocks published (or found published)
         self.store_skipped = 0  # blocks a full pool could not take
 
     # -- submission -----------------------------------------------------
@@ -206,7 +205,6 @@ class RankStore:
         parents = [job.parent or None] + list(job.keys[:-1])
         published = self.client.publish(self.pool, self.namespace, job.keys, job.pages,
                                         parent_keys=parents)
-        self.stored_blocks += len(job.keys)
         if published.uncached_pages:  # published by another instance meanwhile
             self.client.free(self.pool, published.uncached_pages)
 

@@ -149,7 +149,7 @@ class HostkvOffloadingManager(OffloadingManager):
     def prepare_store(self, block_hashes):
         hashes = list(block_hashes)
         keys = self._keys.keys(hashes)
-        cached = self._cached_on_every_rank(keys, acquire=False)
+        cached = self._cached_on_every_rank(keys)
         if cached is None:
             return None  # no worker has registered its KV cache yet
         evicted = self._take_evictions()
@@ -174,7 +174,7 @@ class HostkvOffloadingManager(OffloadingManager):
         keys = [k for _, k, _ in ranked]
         # Report what the workers did publish on every rank (a worker that
         # could not allocate reports its job done but stored nothing).
-        stored = self._cached_on_every_rank(keys, acquire=False) or 0
+        stored = self._cached_on_every_rank(keys) or 0
         if stored:
             self._events.append(OffloadingEvent([h for _, _, h in ranked][:stored],
                                                 self._block_size, "CPU", False))
@@ -250,11 +250,13 @@ class HostkvOffloadingManager(OffloadingManager):
             self._loading.remove(entry)
             self._release(entry[1])
 
-    def _cached_on_every_rank(self, keys, acquire):
+    def _cached_on_every_rank(self, keys):
+        """The run of keys cached on every rank (no references taken); None
+        if some rank's pool does not exist yet."""
         hits = None
         for pool, namespace in self._ranks:
             try:
-                n = self._client.lookup(pool, namespace, keys, acquire=acquire).hits
+                n = self._client.lookup(pool, namespace, keys).hits
             except errors.NotFound:
                 return None
             hits = n if hits is None else min(hits, n)

@@ -31,6 +31,8 @@ import inspect
 import logging
 import os
 
+import torch
+
 from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
 from vllm.v1.kv_offload.spec import OffloadingSpec
 
@@ -192,7 +194,7 @@ class HostkvOffloadingSpec(OffloadingSpec):
                 for h in halves:
                     if not h.is_contiguous():
                         raise errors.InvalidArgument(f"KV cache {name} is not contiguous")
-                    out.append(h.reshape(h.shape[0], -1).view(__import__("torch").int8))
+                    out.append(h.reshape(h.shape[0], -1).view(torch.int8))
             return out
         raise errors.InvalidArgument(
             f"get_handlers needs CanonicalKVCaches or a dict of tensors, got {type(kv_caches)}")
