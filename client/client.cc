@@ -143,11 +143,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  // A restarted daemon is found within ~0.5 s, not gRPC's default backoff
-  // of up to 2 minutes.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  // A restarted daemon is found within ~0.1 s, not gRPC's default backoff
+  // of up to 2 minutes (a refused connect to a local socket costs little).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  // Also the least time a connection attempt gets for its handshake: a busy
+  // daemon must not be given up on after 100 ms.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
   impl->channel = grpc::CreateCustomChannel(
       target, grpc::InsecureChannelCredentials(), args);
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() +
@@ -174,7 +176,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   impl->session_id = response.session_id();
   impl->session_number = response.session_number();
   impl->open = true;
-  impl->signal_slots = response.signal_slots();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   Impl& self = *client->impl_;
   const absl::Duration period =
@@ -198,7 +199,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (signals->size() < uint64_t{response.signal_slots()} * sizeof(OpSignal)) {
     return absl::InternalError("the signal segment is smaller than announced");
   }
-  client->impl_->signals = std::move(*signals);
+  client->impl_->records.UseSegment(SignalRecords{
+      response.signal_segment_id(), std::move(*signals), response.signal_slots()});
   return client;
 }
 
@@ -213,15 +215,17 @@ absl::Status Client::Impl::OpenOverSessionSocket(const std::string& socket_path,
   if (signal_fd.get() < 0) {
     return absl::InternalError("the daemon sent no signal segment");
   }
-  ASSIGN_OR_RETURN(signals, ShmSegment::MapFd(signal_fd.get(), "signal segment",
-                                              ShmSegment::Access::kReadOnly));
+  ASSIGN_OR_RETURN(ShmSegment signals,
+                   ShmSegment::MapFd(signal_fd.get(), "signal segment",
+                                     ShmSegment::Access::kReadOnly));
   if (signals.size() < uint64_t{reply.signal_slots} * sizeof(OpSignal)) {
     return absl::InternalError("the signal segment is smaller than announced");
   }
   session_id.assign(reinterpret_cast<const char*>(reply.session_id),
                     kSessionIdBytes);
   session_number = reply.session_number;
-  signal_slots = reply.signal_slots;
+  records.UseSegment(
+      SignalRecords{reply.value, std::move(signals), reply.signal_slots});
   open = true;
   std::shared_ptr<RingClient> opened = OpenRing(fd.get(), reply.features);
   {
@@ -512,7 +516,9 @@ absl::StatusOr<Operation> Client::Transfer(
     const std::vector<PageRange>& host_pages,
     const std::vector<SlotRange>& device_slots,
     const TransferOptions& options) {
-  v1::TransferRequest request;
+  // Kept (not copied) for a resume that may submit it again.
+  auto shared = std::make_shared<v1::TransferRequest>();
+  v1::TransferRequest& request = *shared;
   request.set_session_id(impl_->session_id);
   request.set_pool(pool);
   request.set_import_id(import_id);
@@ -534,24 +540,18 @@ absl::StatusOr<Operation> Client::Transfer(
   request.set_mechanism(options.mechanism);
   request.set_wait_kv_written(options.wait_kv_written);
   request.set_progress_at_end(options.progress_at_end);
-  ASSIGN_OR_RETURN(
-      v1::TransferResponse response,
+  std::optional<absl::StatusOr<Operation>> op;
+  std::shared_ptr<const v1::TransferRequest> kept = std::move(shared);
+  RETURN_IF_ERROR(
       (impl_->Call<v1::TransferRequest, v1::TransferResponse>(
-          load ? &v1::HostKV::Stub::Load : &v1::HostKV::Stub::Backup, request,
-          load ? RingMethod::kLoad : RingMethod::kBackup)));
-  if (response.signal_index() >= impl_->signal_slots) {
-    return absl::InternalError("the daemon returned a signal index out of range");
-  }
-  Operation op;
-  op.op_id = response.op_id();
-  op.signal_index = response.signal_index();
-  op.layer_begin = response.layer_begin();
-  op.num_layers = response.num_layers();
-  op.num_tokens = response.num_tokens();
-  op.bytes = response.bytes();
-  op.signal_value = response.signal_value();
-  op.generation = impl_->generation.load();
-  return op;
+           load ? &v1::HostKV::Stub::Load : &v1::HostKV::Stub::Backup, *kept,
+           load ? RingMethod::kLoad : RingMethod::kBackup,
+           [&](const v1::TransferResponse& response) {
+             op = impl_->Issued(load, kept, response);
+             return op->status();
+           }))
+          .status());
+  return *std::move(op);
 }
 
 absl::StatusOr<Operation> Client::Load(const std::string& pool,
@@ -569,27 +569,59 @@ absl::StatusOr<Operation> Client::Backup(
   return Transfer(false, pool, import_id, host_pages, device_slots, options);
 }
 
-absl::Status Client::WaitLayer(const Operation& op, uint32_t layer,
+absl::Status Client::WaitLayer(const Operation& given, uint32_t layer,
                                absl::Duration timeout) {
-  if (layer < op.layer_begin || layer - op.layer_begin >= op.num_layers) {
+  if (layer < given.layer_begin || layer - given.layer_begin >= given.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "operation ", op.op_id, " covers layers [", op.layer_begin, ", ",
-        op.layer_begin + op.num_layers, "), not ", layer));
+        "operation ", given.op_id, " covers layers [", given.layer_begin, ", ",
+        given.layer_begin + given.num_layers, "), not ", layer));
   }
-  const uint8_t* records;
-  {
-    // A resume replaces the records (the old ones stay mapped).
-    absl::MutexLock lock(&impl_->resume_mu);
-    if (op.generation != impl_->generation.load()) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Operation op = given;
+  while (true) {
+    // What a resume submitted again for it, if it did.
+    if (std::optional<absl::StatusOr<Operation>> again =
+            impl_->records.Replacement(op)) {
+      if (!again->ok()) return again->status();
+      op = **again;
+      continue;
+    }
+    const uint32_t layers = layer - op.layer_begin + 1;
+    std::shared_ptr<const SignalRecords> records =
+        impl_->records.Segment(op.signal_segment);
+    if (records == nullptr || op.signal_index >= records->slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "operation ", op.op_id, " is not one of this client's"));
+    }
+    const OpSignal& signal =
+        reinterpret_cast<const OpSignal*>(records->segment.data())[op.signal_index];
+    const bool current = op.signal_segment == impl_->records.current();
+    if (!current) {
+      // Of an earlier daemon, and no resume submitted it again: it had
+      // finished there, or this client kept no record of it.
+      if (impl_->records.Ended(op, layers)) {
+        return WaitForLayers(signal, op.op_id, layers, absl::ZeroDuration());
+      }
       return absl::AbortedError(absl::StrCat(
           "hostkvd restarted while operation ", op.op_id, " was in flight: "
           "submit it again (loads and backups may be repeated)"));
     }
-    records = impl_->signals.data();
+    // In slices: a daemon that died mid-operation never completes it; the
+    // session socket's hang-up says so.
+    const absl::Duration left = deadline - absl::Now();
+    absl::Status s = WaitForLayers(signal, op.op_id, layers,
+                                   std::min(left, absl::Milliseconds(200)));
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) return s;
+    if (impl_->socket_path.empty() || !impl_->SessionSocketHungUp()) continue;
+    // The daemon went away: a call waits for the next one and resumes the
+    // session (which submits `op` again).
+    v1::RenewSessionRequest renew;
+    renew.set_session_id(impl_->session_id);
+    RETURN_IF_ERROR(
+        (impl_->Call<v1::RenewSessionRequest, v1::RenewSessionResponse>(
+             &v1::HostKV::Stub::RenewSession, renew))
+            .status());
   }
-  const OpSignal& signal =
-      reinterpret_cast<const OpSignal*>(records)[op.signal_index];
-  return WaitForLayers(signal, op.op_id, layer - op.layer_begin + 1, timeout);
 }
 
 absl::Status Client::Wait(const Operation& op, absl::Duration timeout) {

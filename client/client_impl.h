@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "hostkv/client.h"
 #include "client/command_ring_client.h"
+#include "client/operation_records.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
 #include "proto/contract/session_socket.h"
@@ -35,8 +36,9 @@ struct Client::Impl {
   std::string session_id;  // the 16-byte secret
   uint32_t session_number = 0;
   bool open = false;
-  ShmSegment signals;  // read-only
-  uint32_t signal_slots = 0;
+  // The signal segments of this session's daemons and the operations
+  // submitted in them.
+  OperationRecords records;
   // Attached: the session lives while it is open. Records on it are
   // request/reply pairs, serialized by socket_mu.
   absl::Mutex socket_mu;
@@ -76,14 +78,46 @@ struct Client::Impl {
   // Calls one unary method with a deadline and converts the status; on a
   // unix: target, waits for an absent daemon and resumes the session
   // (Recover) before trying again. With `ring_method` (a hot call), it
-  // goes through the command ring when there is one.
+  // goes through the command ring when there is one. `on_answer` sees a
+  // successful response before a resume can change which daemon is current.
   template <typename Request, typename Response, typename Method>
-  absl::StatusOr<Response> Call(Method method, const Request& request,
-                                std::optional<RingMethod> ring_method = {}) {
+  absl::StatusOr<Response> Call(
+      Method method, const Request& request,
+      std::optional<RingMethod> ring_method = {},
+      const std::function<absl::Status(const Response&)>& on_answer = nullptr) {
     RecoveryState recovery;
     while (true) {
+      const uint64_t seen = generation.load();
+      absl::StatusOr<Response> answer =
+          TryCall<Request, Response>(method, request, ring_method, on_answer);
+      if (answer.ok()) return answer;
+      if (absl::Status retry = Recover(answer.status(), seen, recovery);
+          !retry.ok()) {
+        return retry;
+      }
+    }
+  }
+
+  // One try of Call, inside the gate (no resume runs meanwhile).
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> TryCall(
+      Method method, const Request& request,
+      std::optional<RingMethod> ring_method,
+      const std::function<absl::Status(const Response&)>& on_answer) {
+    absl::ReaderMutexLock gate(&gate_mu);
+    absl::StatusOr<Response> answer =
+        TryCallGated<Request, Response>(method, request, ring_method);
+    if (answer.ok() && on_answer) {
+      if (absl::Status s = on_answer(*answer); !s.ok()) return s;
+    }
+    return answer;
+  }
+
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> TryCallGated(Method method, const Request& request,
+                                        std::optional<RingMethod> ring_method) {
+    {
       if (ring_method.has_value()) {
-        const uint64_t seen = generation.load();
         if (std::shared_ptr<RingClient> r = Ring()) {
           std::optional<absl::StatusOr<std::string>> answer =
               r->Call(*ring_method, request.SerializeAsString(),
@@ -102,11 +136,7 @@ struct Client::Impl {
               absl::MutexLock lock(&ring_mu);
               if (ring == r) ring.reset();
             }
-            if (absl::Status retry = Recover(answer->status(), seen, recovery);
-                !retry.ok()) {
-              return retry;
-            }
-            continue;
+            return answer->status();
           }
         }
       }
@@ -117,13 +147,9 @@ struct Client::Impl {
         context.AddMetadata("authorization", "Bearer " + auth_token);
       }
       Response response;
-      const uint64_t seen = generation.load();
       grpc::Status status = (stub.get()->*method)(&context, request, &response);
       if (status.ok()) return response;
-      absl::Status failure = FromGrpcStatus(status);
-      if (absl::Status retry = Recover(failure, seen, recovery); !retry.ok()) {
-        return retry;
-      }
+      return FromGrpcStatus(status);
     }
   }
 
@@ -134,7 +160,7 @@ struct Client::Impl {
   std::atomic<uint64_t> generation{0};  // sessions resumed so far
   struct RecoveryState {
     absl::Time deadline = absl::InfiniteFuture();
-    absl::Duration delay = absl::Milliseconds(20);
+    absl::Duration delay = absl::Milliseconds(10);
   };
   // After `failure` of a call made at `seen`: OK to make the call again
   // (waited for the daemon, or resumed the session), else the error to
@@ -143,8 +169,21 @@ struct Client::Impl {
                        RecoveryState& state);
   // Resumes the session with a daemon that adopted its predecessor's state:
   // a new session socket, new signal records, the descriptors passed and
-  // the imports registered again with their ids.
-  absl::Status Resume(uint64_t seen) ABSL_LOCKS_EXCLUDED(resume_mu);
+  // the imports registered again with their ids, the loads and backups the
+  // previous daemon had not finished submitted again. Holds the gate: no
+  // other call of this client reaches the daemon meanwhile.
+  absl::Status Resume(uint64_t seen) ABSL_LOCKS_EXCLUDED(resume_mu, gate_mu);
+  absl::Status ResumeGated(uint64_t seen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(resume_mu);
+  // Submits again each tracked operation its daemon had not finished;
+  // returns how many. REQUIRES: the gate held.
+  absl::StatusOr<size_t> SubmitUnfinished();
+  // The Operation of a submission's answer, tracked until finished.
+  absl::StatusOr<Operation> Issued(bool load,
+                                   std::shared_ptr<const v1::TransferRequest> request,
+                                   const v1::TransferResponse& response);
+  // Calls of a client share it (an attempt and what it records of the
+  // answer); a resume holds it alone.
+  absl::Mutex gate_mu;
   void KeepImport(uint64_t id, v1::RegisterDeviceBuffersRequest request)
       ABSL_LOCKS_EXCLUDED(resume_mu);
   void ForgetImport(uint64_t id) ABSL_LOCKS_EXCLUDED(resume_mu);
@@ -153,8 +192,6 @@ struct Client::Impl {
   std::map<uint64_t, v1::RegisterDeviceBuffersRequest> imports
       ABSL_GUARDED_BY(resume_mu);
   std::map<uint64_t, ScopedFd> passed_fds ABSL_GUARDED_BY(resume_mu);
-  // Signal segments of earlier daemons: a WaitLayer may still read one.
-  std::vector<ShmSegment> retired_signals ABSL_GUARDED_BY(resume_mu);
 };
 
 // One request/reply exchange on the session socket; `reply_fd` receives a

@@ -23,7 +23,12 @@ absl::Status Client::Impl::Recover(const absl::Status& failure, uint64_t seen,
   }
   if (absl::IsNotFound(failure) &&
       absl::StrContains(failure.message(), "awaits its resume")) {
-    return Resume(seen);
+    absl::Status resumed = Resume(seen);
+    // Gone again in the middle of the resume: wait for the next daemon.
+    if (!absl::IsUnavailable(resumed) && !absl::IsCancelled(resumed)) {
+      return resumed;
+    }
+    return Recover(resumed, generation.load(), state);
   }
   // A daemon shutting down (SIGTERM, --takeover) cancels the calls that
   // reach it after its last handler ran: they did nothing, and this client
@@ -41,14 +46,24 @@ absl::Status Client::Impl::Recover(const absl::Status& failure, uint64_t seen,
         "reconnect_timeout=", absl::FormatDuration(reconnect_timeout),
         " (is it running? last error: ", failure.message(), ")"));
   }
+  // A pause first (a daemon draining refuses at once), then the next try
+  // goes out as soon as the channel connects to a daemon listening again.
   absl::SleepFor(std::min(state.delay, state.deadline - now));
-  state.delay = std::min(state.delay * 2, absl::Milliseconds(200));
+  state.delay = std::min(state.delay * 2, absl::Milliseconds(100));
+  const absl::Time until =
+      std::min(state.deadline, absl::Now() + absl::Seconds(1));
+  channel->WaitForConnected(absl::ToChronoTime(until));
   return absl::OkStatus();
 }
 
 absl::Status Client::Impl::Resume(uint64_t seen) {
   absl::MutexLock lock(&resume_mu);
   if (generation.load() != seen) return absl::OkStatus();  // another call did
+  absl::WriterMutexLock gate(&gate_mu);
+  return ResumeGated(seen);
+}
+
+absl::Status Client::Impl::ResumeGated(uint64_t seen) {
   ASSIGN_OR_RETURN(ScopedFd fd, ConnectSessionSocket(socket_path));
   SessionMessage message =
       NewSessionMessage(SessionMessageKind::kResume, client_name);
@@ -67,10 +82,13 @@ absl::Status Client::Impl::Resume(uint64_t seen) {
   if (signal_fd.get() < 0) {
     return absl::InternalError("the daemon sent no signal segment");
   }
-  ASSIGN_OR_RETURN(ShmSegment fresh,
+  SignalRecords fresh;
+  fresh.id = reply->value;
+  fresh.slots = reply->signal_slots;
+  ASSIGN_OR_RETURN(fresh.segment,
                    ShmSegment::MapFd(signal_fd.get(), "signal segment",
                                      ShmSegment::Access::kReadOnly));
-  if (fresh.size() < uint64_t{reply->signal_slots} * sizeof(OpSignal)) {
+  if (fresh.segment.size() < uint64_t{fresh.slots} * sizeof(OpSignal)) {
     return absl::InternalError("the signal segment is smaller than announced");
   }
   std::shared_ptr<RingClient> fresh_ring = OpenRing(fd.get(), reply->features);
@@ -89,9 +107,7 @@ absl::Status Client::Impl::Resume(uint64_t seen) {
               .status());
     }
   }
-  retired_signals.push_back(std::move(signals));
-  signals = std::move(fresh);
-  signal_slots = reply->signal_slots;
+  records.UseSegment(std::move(fresh));
   for (auto& [id, request] : imports) {
     request.set_import_id(id);
     grpc::ClientContext context;
@@ -110,8 +126,69 @@ absl::Status Client::Impl::Resume(uint64_t seen) {
                                                  s.message()));
     }
   }
-  generation.fetch_add(1);
+  RETURN_IF_ERROR(SubmitUnfinished().status());
+  generation.store(seen + 1);
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> Client::Impl::SubmitUnfinished() {
+  const uint64_t current = records.current();
+  std::vector<SubmittedOp> pending;
+  for (SubmittedOp& op : records.TakeOutstanding()) {
+    if (op.op.signal_segment != current && !records.Ended(op.op)) {
+      pending.push_back(std::move(op));
+    }
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const SubmittedOp& op = pending[i];
+    absl::StatusOr<v1::TransferResponse> response =
+        TryCallGated<v1::TransferRequest, v1::TransferResponse>(
+            op.load ? &v1::HostKV::Stub::Load : &v1::HostKV::Stub::Backup,
+            *op.request, op.load ? RingMethod::kLoad : RingMethod::kBackup);
+    if (absl::IsUnavailable(response.status()) ||
+        absl::IsCancelled(response.status())) {
+      // Gone again: the next resume decides for these.
+      for (size_t j = i; j < pending.size(); ++j) records.Track(pending[j]);
+      return response.status();
+    }
+    absl::StatusOr<Operation> replacement =
+        response.ok() ? Issued(op.load, op.request, *response)
+                      : absl::StatusOr<Operation>(response.status());
+    if (!replacement.ok()) {
+      replacement = absl::Status(
+          replacement.status().code(),
+          absl::StrCat("operation ", op.op.op_id,
+                       ", submitted again after hostkvd restarted: ",
+                       replacement.status().message()));
+    }
+    records.Replace(op.op, std::move(replacement));
+  }
+  return pending.size();
+}
+
+absl::StatusOr<Operation> Client::Impl::Issued(
+    bool load, std::shared_ptr<const v1::TransferRequest> request,
+    const v1::TransferResponse& response) {
+  std::shared_ptr<const SignalRecords> segment =
+      records.Segment(response.signal_segment_id());
+  if (segment == nullptr) {
+    return absl::InternalError(
+        "the daemon answered with a signal segment this client was not given");
+  }
+  if (response.signal_index() >= segment->slots) {
+    return absl::InternalError("the daemon returned a signal index out of range");
+  }
+  Operation op;
+  op.op_id = response.op_id();
+  op.signal_index = response.signal_index();
+  op.layer_begin = response.layer_begin();
+  op.num_layers = response.num_layers();
+  op.num_tokens = response.num_tokens();
+  op.bytes = response.bytes();
+  op.signal_value = response.signal_value();
+  op.signal_segment = segment->id;
+  records.Track(SubmittedOp{op, load, std::move(request)});
+  return op;
 }
 
 void Client::Impl::KeepImport(uint64_t id,

@@ -129,7 +129,17 @@ struct Daemon {
   std::shared_ptr<StateCollector> collector;
   std::shared_ptr<TierCollector> tier_collector;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  // The socket files this daemon serves on, as they were once in place:
+  // removed at its end only while they still name them.
+  std::vector<BoundPath> sockets;
 };
+
+// Notes what the daemon's socket paths name now (they are in place).
+void NoteSockets(const DaemonOptions& o, Daemon& d) {
+  if (o.socket_path.empty()) return;
+  d.sockets = {IdentifyPath(o.socket_path),
+               IdentifyPath(o.socket_path + kSessionSocketSuffix)};
+}
 
 // The CUDA backend when there is a GPU (and --cuda allows it). Nothing
 // calls CUDA before CreateGpuBackend has counted the devices.
@@ -351,7 +361,10 @@ absl::Status TakeOver(const DaemonOptions& o, Daemon& d,
                       absl::StatusOr<InstanceLock>* lock) {
   ASSIGN_OR_RETURN(const pid_t old, ServingDaemonPid(o.socket_path));
   DaemonOptions next = o;
-  next.socket_path = o.socket_path + ".next";
+  // A path of this daemon's own: gRPC removes the path it bound when it
+  // shuts down, and this daemon may itself be taken over later, by a
+  // daemon that then listens beside it.
+  next.socket_path = absl::StrCat(o.socket_path, ".next.", getpid());
   next.listen = "unix:" + next.socket_path;
   d.handler->HoldRequests();
   RETURN_IF_ERROR(StartServer(next, d));
@@ -382,6 +395,7 @@ absl::Status TakeOver(const DaemonOptions& o, Daemon& d,
                                               std::strerror(errno)));
     }
   }
+  NoteSockets(o, d);
   const absl::Time gone = absl::Now();
   RemoveStaleSegments(SegmentPrefix(o.socket_path));
   RETURN_IF_ERROR(AdoptAndConfigure(o, d));
@@ -441,11 +455,9 @@ void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
     }
     d.tier->Stop();
   }
-  if (!o.socket_path.empty()) {
-    unlink(o.socket_path.c_str());
-    // After a --takeover the session socket was moved here from beside it.
-    unlink((o.socket_path + kSessionSocketSuffix).c_str());
-  }
+  // After a --takeover the sockets were moved here from beside them; a
+  // daemon taking over this one may have bound its own beside them.
+  for (const BoundPath& bound : d.sockets) UnlinkIfStillOurs(bound);
 }
 
 int Fail(int code, const absl::Status& status) {
@@ -501,6 +513,7 @@ int Run() {
     if (absl::Status s = BuildState(o, d); !s.ok()) return Fail(1, s);
     if (absl::Status s = AdoptAndConfigure(o, d); !s.ok()) return Fail(1, s);
     if (absl::Status s = StartServer(o, d); !s.ok()) return Fail(1, s);
+    NoteSockets(o, d);
   }
   if (absl::Status s = StartMetrics(o, d); !s.ok()) return Fail(1, s);
   PublishHealth(d);

@@ -102,7 +102,9 @@ inline constexpr uint32_t kSessionFeatureRingListEvictions = 2;
 struct SessionReply {
   uint32_t code;  // absl::StatusCode; 0 = done
   uint32_t kind;  // the request's kind
-  uint64_t value;  // kPassFd: the handle; kFetchPoolSegment: 1 = writable
+  // kPassFd: the handle; kFetchPoolSegment: 1 = writable; kOpen, kAttach,
+  // kResume: the signal segment's id (TransferResponse.signal_segment_id)
+  uint64_t value;
   uint8_t session_id[kSessionIdBytes];  // kOpen
   uint32_t session_number;              // kOpen, kAttach
   uint32_t signal_slots;                // kOpen, kAttach (segment as an fd)

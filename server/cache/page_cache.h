@@ -179,6 +179,16 @@ class PageCache {
                                         absl::string_view parent_key,
                                         uint64_t page) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Which items are cached already exactly as they say (the item's key on
+  // the item's page in `name_space`): a Publish sent again after a daemon
+  // restart cut its first try. With acquire, `session` gets a reference on
+  // each such page. Touches and counts nothing. ResourceExhausted with
+  // acquire past the cache's reference limit. REQUIRES: items checked as
+  // Publish checks them.
+  absl::StatusOr<std::vector<bool>> Republished(
+      absl::string_view name_space, absl::Span<const PublishItem> items,
+      bool acquire, OwnerTag session) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The longest cached prefix of `keys`: hits and their pages. With
   // acquire, `session` gets one reference on each page returned (a key
   // listed twice, two). Counts hits and misses; touches every hit. All or

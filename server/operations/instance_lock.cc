@@ -174,6 +174,25 @@ InstanceLock::~InstanceLock() {
   if (fd_.get() >= 0 && dir_fd_.get() >= 0) unlinkat(dir_fd_.get(), name_.c_str(), 0);
 }
 
+BoundPath IdentifyPath(const std::string& path) {
+  BoundPath bound;
+  bound.path = path;
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    bound.dev = st.st_dev;
+    bound.ino = st.st_ino;
+    bound.known = true;
+  }
+  return bound;
+}
+
+bool UnlinkIfStillOurs(const BoundPath& bound) {
+  if (!bound.known) return false;
+  const BoundPath now = IdentifyPath(bound.path);
+  if (!now.known || now.dev != bound.dev || now.ino != bound.ino) return false;
+  return unlink(bound.path.c_str()) == 0;
+}
+
 absl::Status SecureSocketPath(const std::string& path, mode_t mode, gid_t gid) {
   // An O_PATH descriptor of whatever is at `path` itself (a symlink is not
   // followed): the checks and the changes below then apply to that inode.

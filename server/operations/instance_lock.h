@@ -49,6 +49,21 @@ class InstanceLock {
 // there), else the chmod/chown error.
 absl::Status SecureSocketPath(const std::string& path, mode_t mode, gid_t gid);
 
+// The file a path names (device and inode), taken when hostkvd bound it, so
+// that it later removes the path only while it still names that file (after
+// a --takeover renamed it away, the path may be the next daemon's).
+struct BoundPath {
+  std::string path;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool known = false;  // stat() found it
+};
+// What `path` names now (known = false if nothing).
+BoundPath IdentifyPath(const std::string& path);
+// Unlinks bound.path if it still names the file bound.dev/ino; returns
+// whether it did.
+bool UnlinkIfStillOurs(const BoundPath& bound);
+
 // The prefix of this daemon's shared-memory segments ("/hostkv.<id>."). A
 // Unix-socket daemon's id is a hash of its socket's real path (realpath() of
 // the directory + "/" + the file name, so "./x.sock", "d/./x.sock" and the

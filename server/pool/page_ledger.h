@@ -18,6 +18,10 @@ class PageLedger {
   virtual ~PageLedger() = default;
   virtual void RecordOwner(uint64_t first_page, uint64_t num_pages,
                            OwnerTag owner) = 0;
+  // `page` is being published by session `publisher`: a daemon that adopts
+  // the ledger gives it to the cache if a cache record proves its key, else
+  // back to the publisher (a crash in the middle of a Publish loses no page).
+  virtual void RecordPublishing(uint64_t page, OwnerTag publisher) = 0;
 };
 
 }  // namespace hostkv

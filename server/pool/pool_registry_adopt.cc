@@ -37,6 +37,21 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Adopt(
                                    "pool.", spec.name()),
                       std::move(reservation), cache_options_));
   PoolLedger::Contents contents = ledger->Read();
+  // A Publish cut by the crash: its pages whose key was recorded are the
+  // cache's, the others their publisher's again (dropped below if that
+  // session did not survive).
+  {
+    std::vector<uint8_t> has_entry(geometry.num_pages(), 0);
+    for (const AdoptedEntry& e : contents.entries) has_entry[e.page] = 1;
+    for (uint64_t p : contents.publishing) {
+      if (has_entry[p]) contents.owners[p] = kCacheOwner;
+    }
+    if (!contents.publishing.empty()) {
+      spdlog::info("pool '{}': {} pages of a Publish cut by the crash "
+                   "adopted as their ledger proves them", spec.name(),
+                   contents.publishing.size());
+    }
+  }
   // Cached pages: proven records, in a namespace that kept its owner, on a
   // page the ledger gives to the cache.
   std::vector<AdoptedEntry> entries;

@@ -203,7 +203,11 @@ uint64_t SlotAllocator::MoveOwnerLocked(const std::vector<PageRun>& runs,
       if (owner_[p] != from) continue;
       owner_[p] = to;
       if (to == kCacheOwner) writer_[p] = from;
-      Record(p, 1, to);
+      if (to == kCacheOwner && from != kTierOwner && ledger_ != nullptr) {
+        ledger_->RecordPublishing(p, from);
+      } else {
+        Record(p, 1, to);
+      }
       ++pages;
     }
     if (to != kCacheOwner) {

@@ -133,9 +133,16 @@ class SlotAllocator {
   // backup filling them), at most until `wait_until`: DeadlineExceeded,
   // moving nothing, if copies are still in flight then. The pages must be
   // `from`'s before and after the wait.
+  // A session's pages are recorded as being published by it
+  // (PageLedger::RecordPublishing) until ConfirmCached: a crash before the
+  // page cache recorded their keys gives them back to it.
   absl::StatusOr<uint64_t> Cache(const std::vector<PageRun>& runs,
                                  OwnerTag from, absl::Time wait_until)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Records as the cache's the pages of `pages` the cache still holds (the
+  // page cache has recorded their keys). Pages evicted meanwhile are left
+  // as their eviction recorded them.
+  void ConfirmCached(const std::vector<uint64_t>& pages) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives cached idle pages back to session `to` (pages the page cache did
   // not take: a publish that found the key cached). All or nothing:
   // InvalidArgument for a bad run or to == kCacheOwner; FailedPrecondition

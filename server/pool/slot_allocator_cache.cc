@@ -166,6 +166,16 @@ absl::StatusOr<uint64_t> SlotAllocator::Cache(const std::vector<PageRun>& runs,
   return MoveOwnerLocked(runs, from, kCacheOwner);
 }
 
+void SlotAllocator::ConfirmCached(const std::vector<uint64_t>& pages) {
+  absl::MutexLock lock(&mu_);
+  if (ledger_ == nullptr) return;
+  for (uint64_t p : pages) {
+    if (p < owner_.size() && owner_[p] == kCacheOwner && !free_when_unpinned_[p]) {
+      Record(p, 1, kCacheOwner);
+    }
+  }
+}
+
 absl::StatusOr<uint64_t> SlotAllocator::Reclaim(
     const std::vector<PageRun>& runs, OwnerTag to) {
   if (absl::Status s = CheckSessionTag(to); !s.ok()) return s;

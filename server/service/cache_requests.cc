@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/page_format.h"
 #include "proto/contract/status_macros.h"
@@ -15,7 +14,6 @@
 #include "server/service/request_handler.h"
 #include "server/service/request_validation.h"
 #include "spdlog/spdlog.h"
-#include "server/operations/crash_point.h"
 
 namespace hostkv {
 namespace {
@@ -23,31 +21,6 @@ namespace {
 // What a lookup that waits for a tier leaves of its caller's deadline for
 // the reply.
 constexpr absl::Duration kTierReplyMargin = absl::Milliseconds(20);
-
-absl::Status CheckCount(size_t count, const char* what) {
-  if (count == 0 || count > static_cast<size_t>(kMaxCacheKeysPerRequest)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a request carries 1..", kMaxCacheKeysPerRequest, " ", what, ", not ",
-        count, " (split a longer prefix into several calls)"));
-  }
-  return absl::OkStatus();
-}
-
-// Everything Publish can refuse before it moves a page.
-absl::Status CheckPublishRequest(const v1::PublishRequest& request) {
-  RETURN_IF_ERROR(CheckCacheNamespace(request.namespace_()));
-  RETURN_IF_ERROR(CheckCount(request.items_size(), "items"));
-  for (int i = 0; i < request.items_size(); ++i) {
-    RETURN_IF_ERROR(CheckCacheKey(request.items(i).key(), i, false));
-    RETURN_IF_ERROR(CheckCacheKey(request.items(i).parent_key(), i, true));
-    if (request.chained() && i > 0 && !request.items(i).parent_key().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "item ", i, ": in a chained request only the first item names a "
-          "parent (the others' parent is the item before them)"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 void AddRuns(const std::vector<PageRun>& runs,
              google::protobuf::RepeatedPtrField<v1::PageRun>* out) {
@@ -57,18 +30,6 @@ void AddRuns(const std::vector<PageRun>& runs,
     r->set_first_page(run.first_page);
     r->set_num_pages(run.num_pages);
   }
-}
-
-v1::PublishOutcome ToProto(PublishOutcome outcome) {
-  switch (outcome) {
-    case PublishOutcome::kCached:
-      return v1::PUBLISH_CACHED;
-    case PublishOutcome::kAlreadyCached:
-      return v1::PUBLISH_ALREADY_CACHED;
-    case PublishOutcome::kConflict:
-      return v1::PUBLISH_CONFLICT;
-  }
-  return v1::PUBLISH_OUTCOME_UNSPECIFIED;
 }
 
 }  // namespace
@@ -124,111 +85,6 @@ void RequestHandler::UndoForEndedSession(const CacheTarget& target) const {
   target.pool->allocator().FreeAllOwnedBy(target.session->tag());
 }
 
-absl::StatusOr<v1::PublishResponse> RequestHandler::Publish(
-    const v1::PublishRequest& request) {
-  return PublishWithin(request, limits_.cache_publish_wait);
-}
-
-absl::StatusOr<v1::PublishResponse> RequestHandler::PublishWithin(
-    const v1::PublishRequest& request, absl::Duration copy_wait) {
-  RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(CacheTarget target,
-                   ResolveCacheTarget(request.session_id(), request.pool()));
-  RETURN_IF_ERROR(CheckPublishRequest(request));
-  HostPool& pool = *target.pool;
-  const OwnerTag tag = target.session->tag();
-  RETURN_IF_ERROR(pool.namespaces().ClaimOrCheck(
-      pool.name(), request.namespace_(), Principal::Of(*target.session)));
-  if (request.acquire()) {
-    RETURN_IF_ERROR(CheckReferenceLimit(target, request.items_size()));
-  }
-  std::vector<uint64_t> pages;
-  pages.reserve(request.items_size());
-  for (const v1::CacheItem& item : request.items()) pages.push_back(item.page());
-  const std::vector<PageRun> runs = ToPageRuns(pages);
-  // The pages become the cache's once no copy fills them any more; from
-  // here on, every exit gives back what the cache did not keep.
-  RETURN_IF_ERROR(pool.allocator()
-                      .Cache(runs, tag, absl::Now() + copy_wait)
-                      .status());
-  CrashPoint("publish");
-  std::vector<PublishItem> items;
-  items.reserve(request.items_size());
-  for (int i = 0; i < request.items_size(); ++i) {
-    const v1::CacheItem& item = request.items(i);
-    items.push_back({item.key(),
-                     request.chained() && i > 0 ? request.items(i - 1).key()
-                                                : item.parent_key(),
-                     item.page()});
-  }
-  absl::StatusOr<std::vector<PublishResult>> results = pool.cache().Publish(
-      request.namespace_(), items, request.acquire(), tag);
-  if (!results.ok()) {
-    if (absl::Status back = pool.allocator().Reclaim(runs, tag).status();
-        !back.ok()) {
-      spdlog::error("pool '{}': pages of a failed publish not given back to "
-                    "session {}: {}", pool.name(), tag,
-                    std::string(back.message()));
-    }
-    UndoForEndedSession(target);
-    return results.status();
-  }
-  v1::PublishResponse response;
-  response.mutable_results()->Reserve(static_cast<int>(items.size()));
-  uint64_t cached = 0;
-  uint64_t already_cached = 0;
-  for (const PublishResult& result : *results) {
-    v1::PublishResult* out = response.add_results();
-    out->set_outcome(ToProto(result.outcome));
-    out->set_page(result.page);
-    cached += result.outcome == PublishOutcome::kCached;
-    already_cached += result.outcome == PublishOutcome::kAlreadyCached;
-  }
-  response.set_cached(cached);
-  response.set_already_cached(already_cached);
-  if (tier_ != nullptr && cached > 0) {
-    std::vector<absl::string_view> published;
-    published.reserve(cached);
-    for (size_t i = 0; i < items.size(); ++i) {
-      if ((*results)[i].outcome == PublishOutcome::kCached) {
-        published.push_back(items[i].key);
-      }
-    }
-    tier_->writer().OnPublished(target.pool, request.namespace_(), published);
-  }
-  // The pages the cache did not take stay the caller's: those of items
-  // whose key was cached already, unless another item cached the page.
-  std::vector<uint64_t> returned;
-  if (cached != items.size()) {
-    absl::flat_hash_set<uint64_t> kept;
-    for (size_t i = 0; i < items.size(); ++i) {
-      if ((*results)[i].outcome == PublishOutcome::kCached) kept.insert(items[i].page);
-    }
-    absl::flat_hash_set<uint64_t> seen;
-    for (const PublishItem& item : items) {
-      if (!kept.contains(item.page) && seen.insert(item.page).second) {
-        returned.push_back(item.page);
-      }
-    }
-  }
-  if (!returned.empty()) {
-    if (absl::Status back =
-            pool.allocator().Reclaim(ToPageRuns(returned), tag).status();
-        !back.ok()) {
-      spdlog::error("pool '{}': pages of already-cached keys not given back "
-                    "to session {}: {}", pool.name(), tag,
-                    std::string(back.message()));
-      return absl::InternalError(absl::StrCat(
-          "publish: pages not given back to the session: ", back.message()));
-    }
-  }
-  UndoForEndedSession(target);
-  spdlog::debug("session {}: published {} pages in '{}' of pool '{}' ({} "
-                "already cached)", tag, response.cached(), request.namespace_(),
-                pool.name(), response.already_cached());
-  return response;
-}
-
 absl::Status RequestHandler::LookupInTier(
     const CacheTarget& target, const v1::LookupRequest& request,
     absl::Span<const absl::string_view> keys, absl::Time deadline,
@@ -276,7 +132,7 @@ absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
   ASSIGN_OR_RETURN(CacheTarget target,
                    ResolveCacheTarget(request.session_id(), request.pool()));
   RETURN_IF_ERROR(CheckCacheNamespace(request.namespace_()));
-  RETURN_IF_ERROR(CheckCount(request.keys_size(), "keys"));
+  RETURN_IF_ERROR(CheckCacheKeyCount(request.keys_size(), "keys"));
   for (int i = 0; i < request.keys_size(); ++i) {
     RETURN_IF_ERROR(CheckCacheKey(request.keys(i), i, false));
   }

@@ -246,6 +246,7 @@ absl::StatusOr<v1::TransferResponse> RequestHandler::Transfer(
   v1::TransferResponse response;
   response.set_op_id(op->op_id);
   response.set_signal_index(op->signal_index);
+  response.set_signal_segment_id(op->signals->id());
   response.set_layer_begin(op->layer_begin);
   response.set_num_layers(layer_end - op->layer_begin);
   response.set_num_tokens(host_tokens);

@@ -65,6 +65,7 @@ absl::StatusOr<v1::OpenSessionResponse> RequestHandler::OpenSession(
   response.set_lease_seconds(static_cast<uint32_t>(
       absl::ToInt64Seconds(limits_.session_lease)));
   response.set_signal_segment(session->signals()->name());
+  response.set_signal_segment_id(session->signals()->id());
   response.set_signal_slots(session->signals()->records());
   return response;
 }

@@ -243,6 +243,12 @@ class RequestHandler {
   // max_cache_refs_per_uid.
   absl::Status CheckReferenceLimit(const CacheTarget& target,
                                    uint64_t more) const;
+  // Publish's items that are not cached yet (`items`, from `request`):
+  // waits for copies filling their pages, caches them, gives back the pages
+  // the cache did not take. One result per item.
+  absl::StatusOr<std::vector<PublishResult>> PublishFresh(
+      const CacheTarget& target, const v1::PublishRequest& request,
+      const std::vector<PublishItem>& items, absl::Duration copy_wait);
   // A request that took references or pages for a session that ended
   // meanwhile (its release may have run already): drop them again.
   void UndoForEndedSession(const CacheTarget& target) const;

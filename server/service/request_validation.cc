@@ -7,6 +7,15 @@
 
 namespace hostkv {
 
+absl::Status CheckCacheKeyCount(size_t count, const char* what) {
+  if (count == 0 || count > static_cast<size_t>(kMaxCacheKeysPerRequest)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a request carries 1..", kMaxCacheKeysPerRequest, " ", what, ", not ",
+        count, " (split a longer prefix into several calls)"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 absl::Status CheckRunCount(int count, const char* field) {

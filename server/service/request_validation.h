@@ -21,6 +21,8 @@ inline constexpr int kMaxRunsPerRequest = 1 << 20;
 // a 4 Mi-token prefix at 64 tokens a page, more than any engine asks at
 // once, and keep one request under ~10 MB (a key is at most 64 bytes).
 inline constexpr int kMaxCacheKeysPerRequest = 1 << 16;
+// InvalidArgument unless 1..kMaxCacheKeysPerRequest `what` (keys, items).
+absl::Status CheckCacheKeyCount(size_t count, const char* what);
 // CUDA's cudaIpcMemHandle_t is 64 bytes.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 

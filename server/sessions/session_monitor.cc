@@ -99,10 +99,12 @@ absl::StatusOr<std::unique_ptr<SessionMonitor>> SessionMonitor::Start(
     RequestHandler* handler, const std::string& socket_path, mode_t mode,
     gid_t gid, absl::Duration lease, ConnectionLimits limits) {
   ScopedFd listener;
+  BoundPath bound;
   if (!socket_path.empty()) {
     absl::StatusOr<ScopedFd> fd = Listen(socket_path, mode, gid);
     if (!fd.ok()) return fd.status();
     listener = std::move(*fd);
+    bound = IdentifyPath(socket_path);
   }
   ScopedFd epoll(epoll_create1(EPOLL_CLOEXEC));
   ScopedFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -117,17 +119,18 @@ absl::StatusOr<std::unique_ptr<SessionMonitor>> SessionMonitor::Start(
     epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &ev);
   }
   std::unique_ptr<SessionMonitor> monitor(new SessionMonitor(
-      handler, socket_path, lease, limits, std::move(listener),
+      handler, socket_path, std::move(bound), lease, limits, std::move(listener),
       std::move(epoll), std::move(wake)));
   monitor->thread_ = std::thread([m = monitor.get()] { m->Loop(); });
   return monitor;
 }
 
 SessionMonitor::SessionMonitor(RequestHandler* handler, std::string socket_path,
-                               absl::Duration lease, ConnectionLimits limits,
+                               BoundPath bound, absl::Duration lease, ConnectionLimits limits,
                                ScopedFd listener, ScopedFd epoll, ScopedFd wake)
     : handler_(handler),
       socket_path_(std::move(socket_path)),
+      bound_(std::move(bound)),
       limits_(limits),
       listener_(std::move(listener)),
       epoll_(std::move(epoll)),
@@ -142,7 +145,7 @@ SessionMonitor::~SessionMonitor() {
   }
   thread_.join();
   for (const auto& [fd, c] : connections_) CloseConnection(ScopedFd(fd));
-  if (!socket_path_.empty()) unlink(socket_path_.c_str());
+  if (!socket_path_.empty()) UnlinkIfStillOurs(bound_);
 }
 
 size_t SessionMonitor::connections() const { return count_.load(); }
@@ -401,6 +404,7 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
   std::memcpy(reply.session_id, session.id().data(), kSessionIdBytes);
   reply.session_number = session.tag();
   reply.signal_slots = session.signals()->records();
+  reply.value = session.signals()->id();
   reply.lease_seconds = 0;  // lives as long as the connection
   reply.features = kSessionFeatureCommandRing | kSessionFeatureRingListEvictions;
   c.session = session.id();

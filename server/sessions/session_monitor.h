@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
+#include "server/operations/instance_lock.h"
 #include "server/service/command_ring.h"
 #include "server/service/request_handler.h"
 #include "server/sessions/descriptor_closer.h"
@@ -68,7 +69,7 @@ class SessionMonitor {
   };
 
   SessionMonitor(RequestHandler* handler, std::string socket_path,
-                 absl::Duration lease, ConnectionLimits limits,
+                 BoundPath bound, absl::Duration lease, ConnectionLimits limits,
                  ScopedFd listener, ScopedFd epoll, ScopedFd wake);
   void Loop();
   void Accept();
@@ -96,6 +97,9 @@ class SessionMonitor {
 
   RequestHandler* const handler_;
   const std::string socket_path_;
+  // What socket_path_ named once bound: removed at the end only if it still
+  // does (a --takeover daemon's path was renamed to the daemon's own).
+  const BoundPath bound_;
   const ConnectionLimits limits_;
   ScopedFd listener_;
   ScopedFd epoll_;

@@ -2,16 +2,35 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
 
 namespace hostkv {
+namespace {
+
+// 64 random bits, never 0 (0 is "no id": a daemon before ids existed).
+uint64_t RandomSegmentId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) {
+      id = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&id)) ^
+           static_cast<uint64_t>(std::chrono::steady_clock::now()
+                                     .time_since_epoch()
+                                     .count());
+    }
+  }
+  return id;
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<SignalBoard>> SignalBoard::Create(
     const std::string& name, uint32_t records) {
@@ -23,7 +42,10 @@ absl::StatusOr<std::shared_ptr<SignalBoard>> SignalBoard::Create(
 }
 
 SignalBoard::SignalBoard(ShmSegment segment, uint32_t records)
-    : segment_(std::move(segment)), records_(records), busy_(records, false) {}
+    : segment_(std::move(segment)),
+      records_(records),
+      id_(RandomSegmentId()),
+      busy_(records, false) {}
 
 std::string SignalBoard::name() const {
   absl::MutexLock lock(&mu_);

@@ -27,6 +27,9 @@ class SignalBoard {
   // The segment's name; empty once RemoveName ran.
   std::string name() const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t records() const { return records_; }
+  // A random non-zero id of this segment (TransferResponse.signal_segment_id):
+  // a session resumed by a restarted daemon gets a new segment with another.
+  uint64_t id() const { return id_; }
 
   // A read-only descriptor of the segment (for the session socket), then
   // the name is removed: from then on only holders of a descriptor can map
@@ -62,6 +65,7 @@ class SignalBoard {
 
   ShmSegment segment_;  // mapping fixed after Create; the name under mu_
   const uint32_t records_;
+  const uint64_t id_;
 
   mutable absl::Mutex mu_;
   bool named_ ABSL_GUARDED_BY(mu_) = true;

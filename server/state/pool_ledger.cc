@@ -68,9 +68,10 @@ PoolLedger::CacheRecord* PoolLedger::Records() const {
       segment_.data() + AlignUp(kLedgerHeaderBytes + 8 * num_pages_));
 }
 
-uint64_t PoolLedger::WordOf(uint64_t page, OwnerTag owner) const {
+uint64_t PoolLedger::WordOf(uint64_t page, OwnerTag owner, bool publishing) const {
   const uint64_t check = LedgerMix(salt_ ^ (page * 0x9e3779b97f4a7c15ULL) ^
-                                   (uint64_t{owner} << 1)) >>
+                                   (uint64_t{owner} << 1) ^
+                                   (publishing ? 1 : 0)) >>
                          32;
   // A zero word would read as "free, check 0": never valid, so a segment of
   // zeros proves nothing.
@@ -149,6 +150,11 @@ void PoolLedger::RecordOwner(uint64_t first_page, uint64_t num_pages,
   }
 }
 
+void PoolLedger::RecordPublishing(uint64_t page, OwnerTag publisher) {
+  __atomic_store_n(&Words()[page], WordOf(page, publisher, true),
+                   __ATOMIC_RELAXED);
+}
+
 void PoolLedger::RecordCached(uint64_t page, absl::string_view name_space,
                               absl::string_view key, uint64_t parent,
                               uint64_t use) {
@@ -183,6 +189,9 @@ PoolLedger::Contents PoolLedger::Read() const {
     const auto owner = static_cast<OwnerTag>(word & 0xffffffffu);
     if (word == WordOf(p, owner)) {
       contents.owners[p] = owner;
+    } else if (word == WordOf(p, owner, true)) {
+      contents.owners[p] = owner;
+      contents.publishing.push_back(p);
     } else {
       contents.owners[p] = kUnscrubbedMark;
       ++contents.unproven_pages;

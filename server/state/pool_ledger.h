@@ -51,6 +51,8 @@ class PoolLedger final : public PageLedger, public CacheLedger {
   // unproven (or empty) records are left out.
   struct Contents {
     std::vector<OwnerTag> owners;
+    // Pages whose word is RecordPublishing's (owners[] has the publisher).
+    std::vector<uint64_t> publishing;
     uint64_t unproven_pages = 0;
     std::vector<AdoptedEntry> entries;
     uint64_t unproven_entries = 0;
@@ -59,6 +61,7 @@ class PoolLedger final : public PageLedger, public CacheLedger {
 
   void RecordOwner(uint64_t first_page, uint64_t num_pages,
                    OwnerTag owner) override;
+  void RecordPublishing(uint64_t page, OwnerTag publisher) override;
   void RecordCached(uint64_t page, absl::string_view name_space,
                     absl::string_view key, uint64_t parent,
                     uint64_t use) override;
@@ -74,7 +77,9 @@ class PoolLedger final : public PageLedger, public CacheLedger {
              uint64_t num_pages, uint64_t salt);
   uint64_t* Words() const;
   CacheRecord* Records() const;
-  uint64_t WordOf(uint64_t page, OwnerTag owner) const;
+  // The owner word of `page`; `publishing`: RecordPublishing's variant (its
+  // check differs, so a daemon that knows no such word reads it unproven).
+  uint64_t WordOf(uint64_t page, OwnerTag owner, bool publishing = false) const;
 
   ShmSegment segment_;
   const v1::PoolSpec spec_;

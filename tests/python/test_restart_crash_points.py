@@ -4,12 +4,14 @@ state it adopts is consistent (no page both free and cached, no key on a page
 whose bytes are not the key's, every free page zeroed before it is handed
 out), deploy/README.md "Restarts and upgrades"."""
 import os
+import threading
 import time
 
 import pytest
 
 import hostkv
 from conftest import Daemon
+from hostkv.cache_calls import CACHED
 
 PAGE_SIZE = 4
 PAGES = 8  # the pool's pages, besides SGLang's padding page
@@ -96,39 +98,81 @@ def publish(c, pool, keys, runs, first_value):
     return {k: data[i * size:(i + 1) * size] for i, k in enumerate(keys)}
 
 
-def test_killed_between_taking_the_pages_and_recording_their_keys(crashing):
-    d = crashing("publish:2")
-    c = hostkv.Client(d.target, "engine", reconnect_timeout=0)
-    c.create_pool(spec())
-    published = publish(c, "crash", [b"k0", b"k1", b"k2"], c.alloc("crash", 3 * PAGE_SIZE), 10)
-    second = c.alloc("crash", 3 * PAGE_SIZE)
-    fill(c, "crash", second, 50)
-    with pytest.raises(hostkv.errors.Unavailable):
-        c.publish("crash", "ns", [b"k3", b"k4", b"k5"], second)
-    wait_dead(d)
-    restart(d)
-    found, stats = check_consistent(d, "crash", published)
-    assert found == 3  # the first publish, whole; nothing of the second
-    r = hostkv.Client(d.target, "late").get_pool_stats("crash").restart
-    assert r.adopted and r.cached_pages_adopted == 3 and r.pages_dropped >= 3
+def restart_once_dead(d):
+    """Restarts `d` from a thread once it reached its crash point (the
+    test's own call waits for the daemon meanwhile)."""
+    def run():
+        wait_dead(d)
+        restart(d)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
 
 
-def test_killed_in_the_middle_of_a_publishs_keys(crashing):
-    d = crashing("publish_item:5")
-    c = hostkv.Client(d.target, "engine", reconnect_timeout=0)
+def publish_across_the_crash(d, crash_point_reached):
+    """An engine publishes 3 keys, then 3 more with the daemon crashing
+    inside that Publish; its client waits, resumes and gets the Publish's
+    outcome. Returns (published data by key, the second Publish's answer)."""
+    c = hostkv.Client(d.target, "engine", reconnect_timeout=30)
     c.create_pool(spec())
     published = publish(c, "crash", [b"k0", b"k1", b"k2"], c.alloc("crash", 3 * PAGE_SIZE), 10)
     second = c.alloc("crash", 3 * PAGE_SIZE)
     pages, data = fill(c, "crash", second, 50)
     size = len(data) // len(pages)
-    with pytest.raises(hostkv.errors.Unavailable):
-        c.publish("crash", "ns", [b"k3", b"k4", b"k5"], second)
-    wait_dead(d)
-    restart(d)
-    # k3 and k4 were recorded before the crash, on pages holding their bytes.
+    restarter = restart_once_dead(d)
+    done = c.publish("crash", "ns", [b"k3", b"k4", b"k5"], second)
+    restarter.join()
+    assert crash_point_reached(d)
     published.update({b"k3": data[:size], b"k4": data[size:2 * size], b"k5": data[2 * size:]})
-    found, _ = check_consistent(d, "crash", published)
-    assert found == 5
+    return c, published, done, pages
+
+
+def test_killed_between_taking_the_pages_and_recording_their_keys(crashing):
+    d = crashing("publish:2")
+    c, published, done, pages = publish_across_the_crash(d, lambda d: True)
+    # The pages went back to the session (its ledger said it was publishing
+    # them and no key was recorded); the Publish sent again cached them.
+    assert done.outcomes == [CACHED] * 3 and done.cached == 3
+    assert done.pages == pages and done.uncached_pages == []
+    found, stats = check_consistent(d, "crash", published)
+    assert found == 6
+    r = c.get_pool_stats("crash").restart
+    assert r.adopted and r.cached_pages_adopted == 3 and r.pages_dropped == 0
+    assert stats.used_pages == 6  # nothing orphaned, nothing lost
+    c.close()
+
+
+def test_killed_in_the_middle_of_a_publishs_keys(crashing):
+    d = crashing("publish_item:5")
+    c, published, done, pages = publish_across_the_crash(d, lambda d: True)
+    # k3 and k4 were recorded before the crash, k5 was not: the Publish sent
+    # again finds the first two cached as it asked and caches the third.
+    assert done.outcomes == [CACHED] * 3 and done.pages == pages
+    found, stats = check_consistent(d, "crash", published)
+    assert found == 6
+    r = c.get_pool_stats("crash").restart
+    assert r.cached_pages_adopted == 5 and r.pages_dropped == 0
+    assert stats.used_pages == 6
+    c.close()
+
+
+def test_a_publish_sent_again_after_a_restart_acquires_as_it_asked(crashing):
+    d = crashing("publish_item:5")
+    c = hostkv.Client(d.target, "engine", reconnect_timeout=30)
+    c.create_pool(spec())
+    publish(c, "crash", [b"k0", b"k1", b"k2"], c.alloc("crash", 3 * PAGE_SIZE), 10)
+    second = c.alloc("crash", 3 * PAGE_SIZE)
+    fill(c, "crash", second, 50)
+    restarter = restart_once_dead(d)
+    done = c.publish("crash", "ns", [b"k3", b"k4", b"k5"], second, acquire=True)
+    restarter.join()
+    assert done.cached == 3
+    # One reference per item, whichever try cached it: releasing them all
+    # works once and only once.
+    assert c.release("crash", second) == 3
+    with pytest.raises(hostkv.errors.FailedPrecondition):
+        c.release("crash", second)
+    c.close()
 
 
 def test_killed_after_zeroing_freed_pages_before_recording_it(crashing):

@@ -153,9 +153,12 @@ def test_down_for_3_s_alloc_is_none_then_work_continues(restartable):
     host.close()
 
 
-def test_takeover_under_two_clients_traffic_fails_no_call(restartable):
+def test_three_takeovers_in_a_row_under_three_clients_traffic_fail_no_call(restartable):
+    """Each --takeover daemon is itself taken over by the next: every one
+    drains and exits 0, the last one serves, and no call of three clients
+    fails (a daemon removes at its end only the socket paths still its own)."""
     stop = threading.Event()
-    failures, cycles, longest = [], [0, 0], [0.0, 0.0]
+    failures, cycles, longest = [], [0, 0, 0], [0.0, 0.0, 0.0]
 
     def traffic(n):
         c = hostkv.Client(restartable.target, f"traffic-{n}")
@@ -170,23 +173,27 @@ def test_takeover_under_two_clients_traffic_fails_no_call(restartable):
                 c.write_pages("traffic", runs, data)
                 assert c.read_pages("traffic", runs) == data
                 c.free("traffic", runs)
+                assert c.probe()
             except Exception as e:  # pylint: disable=broad-except
                 failures.append(repr(e))
             cycles[n] += 1
             longest[n] = max(longest[n], time.monotonic() - start)
         c.close()
 
-    threads = [threading.Thread(target=traffic, args=(n,)) for n in (0, 1)]
+    threads = [threading.Thread(target=traffic, args=(n,)) for n in (0, 1, 2)]
     for t in threads:
         t.start()
-    time.sleep(3)
-    old = restartable.process
-    restartable.process = subprocess.Popen(restartable._args + ["--takeover"])  # pylint: disable=protected-access
-    assert old.wait(timeout=30) == 0  # drained and exited
-    time.sleep(7)
+    for _ in range(3):
+        time.sleep(1.5)
+        old = restartable.process
+        restartable.process = subprocess.Popen(restartable._args + ["--takeover"])  # pylint: disable=protected-access
+        assert old.wait(timeout=30) == 0  # drained and exited
+        restartable._wait_ready(False, None)  # pylint: disable=protected-access
+    time.sleep(2)
+    assert restartable.process.poll() is None  # the last one serves
     stop.set()
     for t in threads:
         t.join()
     assert failures == []
-    assert min(cycles) > 100
+    assert min(cycles) > 50
     print(f"takeover: {sum(cycles)} cycles, the longest {max(longest) * 1e3:.1f} ms")

@@ -53,9 +53,11 @@ struct Operation {
   // CUDA imports with GPU signals: the value each layer's signal word takes
   // once that layer is copied (GpuSignals::WaitLayer waits for it).
   uint64_t signal_value = 0;
-  // The session's resumes before it was submitted (an operation of an
-  // earlier daemon is Aborted by WaitLayer: submit it again).
-  uint64_t generation = 0;
+  // The signal segment of the daemon that answered the submission
+  // (TransferResponse.signal_segment_id): the operation is waited for in its
+  // records only. If that daemon went away before finishing it, the session's
+  // resume submits it again and WaitLayer waits for that submission.
+  uint64_t signal_segment = 0;
 };
 
 struct TransferOptions {
@@ -122,12 +124,15 @@ struct CopyPagesResult {
 struct ConnectOptions {
   // Sent as "authorization: Bearer <auth_token>" when not empty.
   std::string auth_token;
-  // On a unix: target, a call that finds hostkvd away retries for this
-  // long (20 ms doubling to 200 ms), and resumes the session when a daemon
-  // that adopted the previous one's state answers (it registers the
-  // imports and passes the descriptors again, keeping their ids); then the
-  // call is made again. 0: no wait, no resume. server/README.md "While hostkvd is
-  // away".
+  // On a unix: target, a call that finds hostkvd away (UNAVAILABLE, or
+  // CANCELLED by a daemon draining for an upgrade) waits for it this long,
+  // each try going out as soon as the daemon listens again, and resumes the
+  // session when a daemon that adopted the previous one's state answers (it
+  // registers the imports and passes the descriptors again, keeping their
+  // ids, and submits again the loads and backups the previous daemon had not
+  // finished, before any other call of this client reaches the new one);
+  // then the call is made again. 0: no wait, no resume. server/README.md
+  // "While hostkvd is away".
   absl::Duration reconnect_timeout = absl::Seconds(30);
 };
 

@@ -1,10 +1,12 @@
 """Whether hostkvd answers, and waiting for it while it does not
 (hostkv.Client's calls; server/README.md "While hostkvd is away").
 
-A call that finds the daemon unreachable (UNAVAILABLE: down, restarting,
-being upgraded) waits for it, retrying with a backoff of 50 ms doubling to
-1 s, for up to `reconnect_timeout` seconds, then raises DaemonUnavailable;
-with wait=False (or a timeout of 0) it raises Unavailable at once. Either
+A call that finds the daemon unreachable (UNAVAILABLE or CANCELLED: down,
+restarting, draining for an upgrade) waits for it for up to
+`reconnect_timeout` seconds, then raises DaemonUnavailable; with wait=False
+(or a timeout of 0) it raises Unavailable at once. While it waits, each try
+waits (up to 1 s) for the daemon to listen again and goes out the moment it
+does, so a call returns within a few milliseconds of the daemon serving. Either
 way the client is `away` until a call gets an answer again.
 
 A daemon that answers but no longer knows the session (a new hostkvd that
@@ -22,8 +24,13 @@ from . import errors
 _log = logging.getLogger("hostkv")
 _SESSION_GONE = "no open session with this id"
 _AWAITS_RESUME = "awaits its resume"
-_FIRST_DELAY = 0.05
-_MAX_DELAY = 1.0
+# While the daemon is away: each try waits up to _MAX_PATIENCE for it to
+# listen; a try refused faster than _FAST_FAILURE sleeps first (10 ms,
+# doubling to 100 ms).
+_MAX_PATIENCE = 1.0
+_FAST_FAILURE = 0.005
+_FIRST_DELAY = 0.01
+_MAX_FAST_DELAY = 0.1
 
 
 class DaemonContact:
@@ -85,47 +92,69 @@ class DaemonContact:
         return lost
 
     def call(self, fn, wait=True):
-        """fn()'s result; its HostKVError otherwise, after waiting as the
-        module says."""
+        """fn(patience)'s result; its HostKVError otherwise, after waiting as
+        the module says. `patience` is None for a first try; while the
+        daemon is away it is how long fn may wait for the daemon to listen
+        again (gRPC's wait_for_ready), so the call goes out as soon as it
+        does instead of after a sleep.
+
+        Every non-answer of a daemon going away is one path: UNAVAILABLE,
+        CANCELLED (a daemon draining for SIGTERM or --takeover cancels the
+        calls that reach it after its last handler ran: they did nothing,
+        and this client never cancels its own calls), a closed session
+        socket or command ring. With wait=False it raises Unavailable.
+        """
         if self._lost is not None:
             raise errors.SessionLost(self._lost)
         deadline = None
+        patience = None
         delay = _FIRST_DELAY
         while True:
+            tried = time.monotonic()
             try:
-                result = fn()
+                result = fn(patience)
             except (errors.Unavailable, errors.Cancelled) as e:
-                # A daemon shutting down (SIGTERM, --takeover) cancels the calls
-                # that reach it after its last handler ran: they did nothing,
-                # and this client never cancels its own calls.
-                self.mark_away(e.message or "unavailable")
-                if not wait or self.reconnect_timeout <= 0:
-                    raise
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.reconnect_timeout
-                if now >= deadline:
-                    raise errors.DaemonUnavailable(
-                        f"hostkvd at {self.target} did not answer within "
-                        f"reconnect_timeout={self.reconnect_timeout:g} s (is it running? "
-                        f"last error: {e.message})") from None
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, _MAX_DELAY)
-                continue
+                failure = e
             except errors.NotFound as e:
                 if _AWAITS_RESUME in e.message and self.resume is not None:
                     try:
                         self.resume()
                     except errors.NotFound as gone:
                         raise errors.SessionLost(self._lose(gone.message)) from None
-                    self._mark_back()
-                    continue
-                if _SESSION_GONE in e.message:
+                    except (errors.Unavailable, errors.Cancelled) as again:
+                        failure = again  # gone again in the middle of the resume
+                    else:
+                        self._mark_back()
+                        continue
+                elif _SESSION_GONE in e.message:
                     raise errors.SessionLost(self._lose(e.message)) from None
-                self._mark_back()
-                raise
+                else:
+                    self._mark_back()
+                    raise
             except errors.HostKVError:
                 self._mark_back()
                 raise
-            self._mark_back()
-            return result
+            else:
+                self._mark_back()
+                return result
+            message = failure.message or "unavailable"
+            self.mark_away(message)
+            if not wait or self.reconnect_timeout <= 0:
+                if isinstance(failure, errors.Unavailable):
+                    raise failure
+                raise errors.Unavailable(
+                    f"hostkvd at {self.target} is shutting down ({message})") from None
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.reconnect_timeout
+            if now >= deadline:
+                raise errors.DaemonUnavailable(
+                    f"hostkvd at {self.target} did not answer within "
+                    f"reconnect_timeout={self.reconnect_timeout:g} s (is it running? "
+                    f"last error: {message})") from None
+            if now - tried < _FAST_FAILURE:
+                # Refused at once (a daemon draining, a socket with no one
+                # behind it): not a loop on it.
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, _MAX_FAST_DELAY)
+            patience = max(0.0, min(_MAX_PATIENCE, deadline - time.monotonic()))

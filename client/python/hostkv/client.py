@@ -39,6 +39,9 @@ _MAX_MESSAGE = 256 << 20
 # How long calls wait for a daemon that does not answer (server/README.md "While
 # hostkvd is away"); HOSTKV_RECONNECT_TIMEOUT overrides it.
 DEFAULT_RECONNECT_TIMEOUT = 30.0
+# The channel's reconnect backoff (first, most) and its handshake timeout.
+_RECONNECT_BACKOFF_MS = (20, 100)
+_CONNECT_TIMEOUT_MS = 2000
 
 
 def _reconnect_timeout(value):
@@ -58,9 +61,11 @@ class Operation:
     bytes: int = 0
     # CUDA imports with GPU signals: each layer's signal word takes this value.
     signal_value: int = 0
-    # The session's resumes before it was submitted; an operation of an
-    # earlier daemon is submitted again by wait/wait_layer (its request).
-    generation: int = 0
+    # The signal segment of the daemon that answered the submission (its
+    # TransferResponse.signal_segment_id): the operation is waited for there
+    # only. One that daemon had not finished when it went is submitted again
+    # (its request) when the session resumes, and waited for as that.
+    segment: object = 0
     request: object = dataclasses.field(default=None, compare=False, repr=False)
     method: str = dataclasses.field(default="", compare=False, repr=False)
 
@@ -141,6 +146,7 @@ class Client(CacheCalls):
         self.session_number = 0
         self._records = _resume.SessionRecords()
         self._resume_lock = threading.Lock()
+        self._gate = _resume.CallGate()
         target = _target.resolve(target)
         self._contact = _daemon_contact.DaemonContact(target,
                                                       _reconnect_timeout(reconnect_timeout))
@@ -158,11 +164,14 @@ class Client(CacheCalls):
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
             ("grpc.enable_http_proxy", 0),
-            # A restarted daemon is found within ~0.5 s, not gRPC's default
-            # backoff of up to 2 minutes.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 500)])
+            # A restarted daemon is found within ~0.1 s, not gRPC's default
+            # backoff of up to 2 minutes (a refused connect to a local
+            # socket costs microseconds). min_reconnect_backoff is also the
+            # shortest time a connection attempt gets to complete its
+            # handshake: a busy daemon must not be given up on after 100 ms.
+            ("grpc.initial_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[1]),
+            ("grpc.min_reconnect_backoff_ms", _CONNECT_TIMEOUT_MS)])
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
@@ -213,7 +222,7 @@ class Client(CacheCalls):
             os.close(reply.fd)
         self.session_id = bytes(reply.session_id)
         self.session_number = reply.session_number
-        self._records.segments[0] = self._signals
+        self._records.use_segment(reply.value, self._signals)
         with self._lock:
             self._socket = sock
             self._open = True
@@ -280,6 +289,7 @@ class Client(CacheCalls):
             self._signals = _signals.SignalSegment(fd, response.signal_slots)
         finally:
             os.close(fd)
+        self._records.use_segment(response.signal_segment_id, self._signals)
 
     def _renew(self, period):
         request = pb.RenewSessionRequest(session_id=self.session_id)
@@ -390,11 +400,35 @@ class Client(CacheCalls):
         except Exception:  # pylint: disable=broad-except
             pass
 
-    def _call(self, method, request, wait=True):
+    def _call(self, method, request, wait=True, on_answer=None):
         """One call; waits for an absent daemon (wait, reconnect_timeout)."""
-        return self._contact.call(lambda: self._call_once(method, request), wait)
+        return self._contact.call(
+            lambda patience: self._call_once(method, request, on_answer, patience), wait)
 
-    def _call_once(self, method, request):
+    def _call_once(self, method, request, on_answer=None, patience=None):
+        """One try of a call: its response, or on_answer(response) taken
+        before a resume may change what the answering daemon was. With
+        `patience` (the daemon was away), first waits up to that many
+        seconds for the channel to connect (Unavailable if it does not)."""
+        if patience is not None:
+            self._await_channel(patience)
+        with self._gate.call():
+            response = self._try(method, request)
+            return response if on_answer is None else on_answer(response)
+
+    def _await_channel(self, patience):
+        channel = self._channel
+        if channel is None:
+            raise errors.FailedPrecondition("the client is closed")
+        ready = grpc.channel_ready_future(channel)
+        try:
+            ready.result(timeout=patience)
+        except grpc.FutureTimeoutError:
+            ready.cancel()  # its thread would outlive the channel otherwise
+            raise errors.Unavailable(
+                f"hostkvd at {self._contact.target} does not listen yet") from None
+
+    def _try(self, method, request):
         if self._channel is None:
             raise errors.FailedPrecondition("the client is closed")
         ring = self._ring
@@ -433,13 +467,14 @@ class Client(CacheCalls):
 
     def probe(self):
         """Asks hostkvd, without waiting, whether it holds this session:
-        True (and daemon_away clears), False while it does not answer;
-        SessionLost if it answers without the session."""
+        True (and daemon_away clears), False while it does not answer (down,
+        restarting, or draining for a --takeover); SessionLost if it answers
+        without the session."""
         try:
             self._call(self._stub.RenewSession,
                        pb.RenewSessionRequest(session_id=self.session_id), wait=False)
             return True
-        except errors.Unavailable:
+        except (errors.Unavailable, errors.Cancelled):
             return False
 
     @property
@@ -623,19 +658,46 @@ class Client(CacheCalls):
         return self._submit("Load" if method == self._stub.Load else "Backup", request)
 
     def _submit(self, method_name, request):
-        generation = self._records.generation
-        response = self._call(getattr(self._stub, method_name), request)
-        if response.signal_index >= self._signals.slots:
+        return self._call(getattr(self._stub, method_name), request,
+                          on_answer=lambda response: self._issued(method_name, request,
+                                                                  response))
+
+    def _issued(self, method_name, request, response):
+        """The Operation of a submission's answer, tracked until known
+        finished. Runs inside the call's gate: the answering daemon is the
+        one whose segment is current."""
+        segment = self._records.segment_key(response.signal_segment_id)
+        signals = self._records.segments.get(segment)
+        if signals is None:
+            raise errors.Internal(
+                "the daemon answered with a signal segment this client was not given")
+        if response.signal_index >= signals.slots:
             raise errors.Internal("the daemon returned a signal index out of range")
-        # Submitted before a resume that happened meanwhile: its record is of
-        # the daemon before (wait_layer submits it again).
-        return Operation(response.op_id, response.signal_index, response.layer_begin,
-                         response.num_layers, response.num_tokens, response.bytes,
-                         response.signal_value, generation, request, method_name)
+        op = Operation(response.op_id, response.signal_index, response.layer_begin,
+                       response.num_layers, response.num_tokens, response.bytes,
+                       response.signal_value, segment, request, method_name)
+        self._records.track(op, self._ended)
+        return op
+
+    def _ended(self, op, layers=None):
+        """Whether `op` is finished or abandoned in its own daemon's records
+        (`layers` of it; all by default), without waiting."""
+        signals = self._records.segments.get(op.segment)
+        if signals is None:
+            return False
+        try:
+            signals.wait_for_layers(op.signal_index, op.op_id,
+                                    op.num_layers if layers is None else layers, 0)
+            return True
+        except errors.Aborted:
+            return True
+        except errors.HostKVError:
+            return False
 
     def wait_layer(self, op, layer, timeout=60.0):
         """Blocks until layer `layer` (absolute) of `op` is copied, without
-        calling the daemon.
+        calling the daemon (unless it went away meanwhile: then this waits
+        for the next one and for what the resume submitted again for `op`).
 
         InvalidArgument if `op` does not cover the layer; Aborted if the
         daemon abandoned the operation; DeadlineExceeded after `timeout` s.
@@ -646,52 +708,46 @@ class Client(CacheCalls):
                 f"{op.layer_begin + op.num_layers}), not {layer}")
         deadline = time.monotonic() + timeout
         while True:
-            if op.generation != self._records.generation and self._finished_before(op, layer):
-                return
             op = self._current(op)
-            signals = self._signals
+            layers = layer - op.layer_begin + 1
+            signals = self._records.segments.get(op.segment)
+            if op.segment != self._records.segment:
+                # Of an earlier daemon, and no resume submitted it again:
+                # it had finished there (or had not been tracked).
+                if signals is not None and self._ended(op, layers):
+                    signals.wait_for_layers(op.signal_index, op.op_id, layers, 0)
+                    return
+                self._records.replace(op, self._submit(op.method, op.request))
+                continue
             left = deadline - time.monotonic()
             try:
                 # In slices: a daemon that died mid-operation never completes
                 # it; the session socket's hang-up says so.
-                signals.wait_for_layers(op.signal_index, op.op_id,
-                                        layer - op.layer_begin + 1, min(left, 0.2))
+                signals.wait_for_layers(op.signal_index, op.op_id, layers, min(left, 0.2))
                 return
             except errors.DeadlineExceeded:
                 if time.monotonic() >= deadline:
                     raise
-                if op.generation == self._records.generation and not self._hung_up():
+                if op.segment == self._records.segment and not self._hung_up():
                     continue
-                # The daemon went away: wait for the next one (a call resumes
-                # the session), then submit the operation again.
+                # The daemon went away: a call waits for the next one and
+                # resumes the session (which submits `op` again).
                 self._call(self._stub.RenewSession,
                            pb.RenewSessionRequest(session_id=self.session_id))
 
-    def _finished_before(self, op, layer):
-        """Whether `op`, of an earlier daemon, had copied `layer` before that
-        daemon went: then it is not submitted again (the engine may have
-        reused the buffers since)."""
-        signals = self._records.segments.get(op.generation)
-        if signals is None:
-            return False
-        try:
-            signals.wait_for_layers(op.signal_index, op.op_id, layer - op.layer_begin + 1, 0)
-            return True
-        except errors.HostKVError:
-            return False
-
     def _current(self, op):
-        """`op`, or what was submitted again for it after resumes."""
-        while op.generation != self._records.generation:
-            if op.request is None:
-                raise errors.Aborted(
-                    f"operation {op.op_id} was in flight when hostkvd restarted")
+        """`op`, or what a resume submitted again for it (raising what that
+        submission raised)."""
+        while True:
             replacement = self._records.replacement(op)
             if replacement is None:
-                replacement = self._submit(op.method, op.request)
-                self._records.replace(op, replacement)
+                return op
+            if isinstance(replacement, errors.HostKVError):
+                raise errors.from_code(
+                    replacement.code,
+                    f"operation {op.op_id}, submitted again after hostkvd restarted: "
+                    f"{replacement.message}")
             op = replacement
-        return op
 
     def _hung_up(self):
         with self._lock:
@@ -706,60 +762,89 @@ class Client(CacheCalls):
     def _resume_session(self):
         """Resumes the session with a daemon that adopted its predecessor's
         state: a new session socket and signal records, the descriptors
-        passed and the imports registered again with their ids. NotFound if
-        the daemon does not have the session."""
+        passed and the imports registered again with their ids, and the
+        loads and backups the previous daemon had not finished submitted
+        again, before any other call of this client reaches the daemon.
+        NotFound if the daemon does not have the session."""
         seen = self._records.generation
         with self._resume_lock:
             if self._records.generation != seen:
                 return  # another thread did
-            sock = _session_socket.connect(self._socket_path)
+            with self._gate.resume():
+                self._resume_with_gate_held(seen)
+
+    def _resume_with_gate_held(self, seen):
+        sock = _session_socket.connect(self._socket_path)
+        try:
+            reply = _session_socket.exchange(sock, _session_socket.message(
+                _session_socket.KIND_RESUME, client_name=self._client_name_bytes,
+                session_id=self.session_id))
+            if reply.fd < 0:
+                raise errors.Internal("the daemon sent no signal segment")
             try:
-                reply = _session_socket.exchange(sock, _session_socket.message(
-                    _session_socket.KIND_RESUME, client_name=self._client_name_bytes,
-                    session_id=self.session_id))
-                if reply.fd < 0:
-                    raise errors.Internal("the daemon sent no signal segment")
-                try:
-                    signals = _signals.SignalSegment(reply.fd, reply.signal_slots)
-                finally:
-                    os.close(reply.fd)
-                passed = self._records.passed()
-                for handle, fd in passed.items():
-                    _session_socket.exchange(sock, _session_socket.message(
-                        _session_socket.KIND_PASS_FD, import_id=handle), fd)
-            except BaseException:
-                sock.close()
+                signals = _signals.SignalSegment(reply.fd, reply.signal_slots)
+            finally:
+                os.close(reply.fd)
+            passed = self._records.passed()
+            for handle, fd in passed.items():
+                _session_socket.exchange(sock, _session_socket.message(
+                    _session_socket.KIND_PASS_FD, import_id=handle), fd)
+        except BaseException:
+            sock.close()
+            raise
+        ring = self._open_ring(sock, reply.features)
+        self._route_ring_extras(reply.features)
+        with self._lock:
+            old, self._socket = self._socket, sock
+        old_ring, self._ring = self._ring, ring
+        if old_ring is not None:
+            old_ring.close()
+        self._signals = signals
+        self._records.use_segment(reply.value or ("g", seen + 1), signals)
+        if old is not None:
+            old.close()
+        imports = self._records.imports()
+        for import_id, request in imports.items():
+            request.import_id = import_id
+            self._call_once(self._stub.RegisterDeviceBuffers, request)
+        again = self._submit_unfinished()
+        self._records.generation += 1
+        with self._lock:
+            rearm = bool(self._on_lost) and self._watcher is not None
+        if rearm:
+            self._stop_watching()
+            with self._lock:
+                self._watch_wake = os.pipe2(os.O_CLOEXEC)
+                self._watcher = threading.Thread(
+                    target=self._watch, args=(sock.fileno(), self._watch_wake[0]),
+                    name="hostkv-watch", daemon=True)
+                self._watcher.start()
+        logging.getLogger("hostkv").warning(
+            "hostkv: session %d resumed with hostkvd at %s after its restart: "
+            "%d descriptors passed and %d imports registered again, %d unfinished "
+            "loads/backups submitted again", self.session_number, self._contact.target,
+            len(passed), len(imports), again)
+
+    def _submit_unfinished(self):
+        """Submits again each tracked operation its daemon had not finished;
+        returns how many. A refusal is kept as the operation's fate (its
+        wait raises it); the daemon going away again leaves the rest for
+        the next resume."""
+        pending = [op for op in self._records.take_outstanding()
+                   if op.segment != self._records.segment and not self._ended(op)]
+        for i, op in enumerate(pending):
+            try:
+                replacement = self._call_once(
+                    getattr(self._stub, op.method), op.request,
+                    on_answer=lambda r, op=op: self._issued(op.method, op.request, r))
+            except (errors.Unavailable, errors.Cancelled):
+                for left in pending[i:]:
+                    self._records.track(left, self._ended)
                 raise
-            ring = self._open_ring(sock, reply.features)
-            self._route_ring_extras(reply.features)
-            with self._lock:
-                old, self._socket = self._socket, sock
-            old_ring, self._ring = self._ring, ring
-            if old_ring is not None:
-                old_ring.close()
-            self._signals = signals
-            self._records.segments[self._records.generation + 1] = signals
-            if old is not None:
-                old.close()
-            imports = self._records.imports()
-            for import_id, request in imports.items():
-                request.import_id = import_id
-                self._call_once(self._stub.RegisterDeviceBuffers, request)
-            self._records.generation += 1
-            with self._lock:
-                rearm = bool(self._on_lost) and self._watcher is not None
-            if rearm:
-                self._stop_watching()
-                with self._lock:
-                    self._watch_wake = os.pipe2(os.O_CLOEXEC)
-                    self._watcher = threading.Thread(
-                        target=self._watch, args=(sock.fileno(), self._watch_wake[0]),
-                        name="hostkv-watch", daemon=True)
-                    self._watcher.start()
-            logging.getLogger("hostkv").warning(
-                "hostkv: session %d resumed with hostkvd at %s after its restart: "
-                "%d descriptors passed and %d imports registered again",
-                self.session_number, self._contact.target, len(passed), len(imports))
+            except errors.HostKVError as e:
+                replacement = e
+            self._records.replace(op, replacement)
+        return len(pending)
 
     def wait(self, op, timeout=60.0):
         """Blocks until every layer of `op` is copied."""
