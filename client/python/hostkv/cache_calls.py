@@ -17,6 +17,8 @@ the hostkv.errors class of the daemon's code; a malformed key raises
 InvalidArgument before anything is sent.
 """
 import dataclasses
+import logging
+import threading
 from typing import List, NamedTuple, Tuple
 
 from . import errors
@@ -96,9 +98,45 @@ class Evictions(NamedTuple):
     missed: int
 
 
+class HeldReferences:
+    """The references a session holds on cached pages, with the key each
+    page is cached under: a daemon restart drops them (its ledger keeps
+    keys, not references), and the resume takes them again where the key
+    is still cached on the same page. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held = {}  # (pool, page) -> [namespace, key, count]
+
+    def add(self, pool, namespace, keys, pages):
+        with self._lock:
+            for key, page in zip(keys, pages):
+                entry = self._held.setdefault((pool, page), [namespace, key, 0])
+                entry[2] += 1
+
+    def drop(self, pool, pages):
+        with self._lock:
+            for page in pages:
+                entry = self._held.get((pool, page))
+                if entry is None:
+                    continue
+                entry[2] -= 1
+                if entry[2] <= 0:
+                    del self._held[(pool, page)]
+
+    def forget(self, pool, page):
+        with self._lock:
+            self._held.pop((pool, page), None)
+
+    def items(self):
+        with self._lock:
+            return [(pool, page, ns, key, n) for (pool, page), (ns, key, n) in
+                    self._held.items()]
+
+
 class CacheCalls:
     """The page cache's calls, mixed into hostkv.Client (which gives
-    _call, _stub and session_id)."""
+    _call, _stub, session_id and _held, a HeldReferences)."""
 
     def publish(self, pool, namespace, keys, pages, parent_keys=None, acquire=False):
         """Publishes `pages` (runs of this session's pages, one page per key,
@@ -139,6 +177,9 @@ class CacheCalls:
             raise errors.Internal(
                 f"Publish answered {len(results)} results for {len(keys)} items")
         outcomes = [r.outcome for r in results]
+        if acquire:
+            held = [(k, r.page) for k, r in zip(keys, results) if r.outcome != CONFLICT]
+            self._held.add(pool, namespace, [k for k, _ in held], [p for _, p in held])
         return Published(
             outcomes=outcomes, pages=[r.page for r in results], cached=response.cached,
             already_cached=response.already_cached,
@@ -160,6 +201,8 @@ class CacheCalls:
             raise errors.Internal(
                 f"Lookup answered {response.hits} hits but pages for "
                 f"{sum(n for _, n in pages)}")
+        if acquire and response.hits:
+            self._held.add(pool, namespace, keys[:response.hits], page_list(pages))
         return Lookup(response.hits, pages)
 
     def release(self, pool, pages):
@@ -167,9 +210,46 @@ class CacheCalls:
         a page listed twice drops two). All or nothing: FailedPrecondition
         for a page the session holds no (or too few) references on. Returns
         how many were released."""
-        return self._call(self._stub.Release, pb.ReleaseRequest(
+        released = self._call(self._stub.Release, pb.ReleaseRequest(
             session_id=self.session_id, pool=pool,
             pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in pages])).released
+        self._held.drop(pool, page_list(pages))
+        return released
+
+    def _take_references_again(self):
+        """After a resume: each reference held before the restart taken
+        again on its page, where that page is still cached under its key;
+        one whose key moved or went is dropped (a Load or Release naming
+        that page then fails as it should). Returns (taken, dropped)."""
+        taken = dropped = 0
+        for pool, page, namespace, key, count in self._held.items():
+            self._held.forget(pool, page)
+            for _ in range(count):
+                try:
+                    response = self._call_once(self._stub.Lookup, pb.LookupRequest(
+                        session_id=self.session_id, pool=pool, namespace=namespace,
+                        keys=[key], acquire=True))
+                except (errors.Unavailable, errors.Cancelled):
+                    raise
+                except errors.HostKVError:
+                    dropped += count
+                    break
+                found = page_list([(r.first_page, r.num_pages) for r in response.pages])
+                if found == [page]:
+                    self._held.add(pool, namespace, [key], [page])
+                    taken += 1
+                    continue
+                if found:  # cached again elsewhere: not the page the caller holds
+                    self._call_once(self._stub.Release, pb.ReleaseRequest(
+                        session_id=self.session_id, pool=pool,
+                        pages=[pb.PageRun(first_page=found[0], num_pages=1)]))
+                dropped += count
+                break
+        if dropped:
+            logging.getLogger("hostkv").warning(
+                "hostkv: %d references on cached pages could not be taken again after "
+                "the restart (their keys were evicted meanwhile)", dropped)
+        return taken, dropped
 
     def list_evictions(self, pool, namespace, after=0, max_keys=2048):
         """Keys of `namespace` the cache evicted after eviction number

@@ -29,7 +29,7 @@ import grpc
 
 from . import (_command_ring, _daemon_contact, _resume, _session_socket, _signals, _target,
                errors, pool_mapping)
-from .cache_calls import CacheCalls
+from .cache_calls import CacheCalls, HeldReferences
 from ._proto import hostkv_pb2 as pb
 from ._proto import hostkv_pb2_grpc as pb_grpc
 
@@ -147,6 +147,7 @@ class Client(CacheCalls):
         self._records = _resume.SessionRecords()
         self._resume_lock = threading.Lock()
         self._gate = _resume.CallGate()
+        self._held = HeldReferences()
         target = _target.resolve(target)
         self._contact = _daemon_contact.DaemonContact(target,
                                                       _reconnect_timeout(reconnect_timeout))
@@ -807,6 +808,7 @@ class Client(CacheCalls):
         for import_id, request in imports.items():
             request.import_id = import_id
             self._call_once(self._stub.RegisterDeviceBuffers, request)
+        references, _ = self._take_references_again()
         again = self._submit_unfinished()
         self._records.generation += 1
         with self._lock:
@@ -821,9 +823,10 @@ class Client(CacheCalls):
                 self._watcher.start()
         logging.getLogger("hostkv").warning(
             "hostkv: session %d resumed with hostkvd at %s after its restart: "
-            "%d descriptors passed and %d imports registered again, %d unfinished "
-            "loads/backups submitted again", self.session_number, self._contact.target,
-            len(passed), len(imports), again)
+            "%d descriptors passed and %d imports registered again, %d references "
+            "on cached pages taken again, %d unfinished loads/backups submitted again",
+            self.session_number, self._contact.target, len(passed), len(imports),
+            references, again)
 
     def _submit_unfinished(self):
         """Submits again each tracked operation its daemon had not finished;
