@@ -43,9 +43,17 @@ absl::StatusOr<PublishOutcomes> Client::Publish(
   }
   PublishOutcomes outcomes;
   outcomes.items.reserve(items.size());
-  for (const v1::PublishResult& r : response.results()) {
+  std::vector<std::string> held_keys;
+  std::vector<uint64_t> held_pages;
+  for (int i = 0; i < response.results_size(); ++i) {
+    const v1::PublishResult& r = response.results(i);
     outcomes.items.push_back({r.outcome(), r.page()});
+    if (acquire && r.outcome() != v1::PUBLISH_CONFLICT) {
+      held_keys.push_back(items[i].key);
+      held_pages.push_back(r.page());
+    }
   }
+  impl_->held.Add(pool, cache_namespace, held_keys, held_pages);
   outcomes.cached = response.cached();
   outcomes.already_cached = response.already_cached();
   return outcomes;
@@ -72,6 +80,11 @@ absl::StatusOr<LookupResult> Client::Lookup(
         absl::StrCat("the daemon answered ", result.hits, " hits with ",
                      CountTokens(result.pages, 1), " pages"));
   }
+  if (acquire && result.hits > 0) {
+    impl_->held.Add(pool, cache_namespace,
+                    std::vector<std::string>(keys.begin(), keys.begin() + result.hits),
+                    PageList(result.pages));
+  }
   return result;
 }
 
@@ -84,6 +97,7 @@ absl::StatusOr<uint64_t> Client::Release(const std::string& pool,
   ASSIGN_OR_RETURN(v1::ReleaseResponse response,
                    (impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(
                        &v1::HostKV::Stub::Release, request, RingMethod::kRelease)));
+  impl_->held.Drop(pool, pages);
   return response.released();
 }
 

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "hostkv/client.h"
 #include "client/command_ring_client.h"
+#include "client/held_references.h"
 #include "client/operation_records.h"
 #include "hostkv/v1/hostkv.grpc.pb.h"
 #include "proto/contract/grpc_status.h"
@@ -39,6 +40,8 @@ struct Client::Impl {
   // The signal segments of this session's daemons and the operations
   // submitted in them.
   OperationRecords records;
+  // References on cached pages, taken again by a resume.
+  HeldReferences held;
   // Attached: the session lives while it is open. Records on it are
   // request/reply pairs, serialized by socket_mu.
   absl::Mutex socket_mu;
@@ -177,6 +180,9 @@ struct Client::Impl {
   // Submits again each tracked operation its daemon had not finished;
   // returns how many. REQUIRES: the gate held.
   absl::StatusOr<size_t> SubmitUnfinished();
+  // Takes again each reference held before the restart, where its key is
+  // still cached on its page; returns how many. REQUIRES: the gate held.
+  absl::StatusOr<uint64_t> TakeReferencesAgain();
   // The Operation of a submission's answer, tracked until finished.
   absl::StatusOr<Operation> Issued(bool load,
                                    std::shared_ptr<const v1::TransferRequest> request,

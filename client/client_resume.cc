@@ -126,6 +126,7 @@ absl::Status Client::Impl::ResumeGated(uint64_t seen) {
                                                  s.message()));
     }
   }
+  RETURN_IF_ERROR(TakeReferencesAgain().status());
   RETURN_IF_ERROR(SubmitUnfinished().status());
   generation.store(seen + 1);
   return absl::OkStatus();
@@ -164,6 +165,52 @@ absl::StatusOr<size_t> Client::Impl::SubmitUnfinished() {
     records.Replace(op.op, std::move(replacement));
   }
   return pending.size();
+}
+
+absl::StatusOr<uint64_t> Client::Impl::TakeReferencesAgain() {
+  uint64_t taken = 0;
+  std::vector<HeldReference> all = held.TakeAll();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const HeldReference& ref = all[i];
+    v1::LookupRequest request;
+    request.set_session_id(session_id);
+    request.set_pool(ref.pool);
+    request.set_namespace_(ref.cache_namespace);
+    request.add_keys(ref.key);
+    request.set_acquire(true);
+    for (uint64_t n = 0; n < ref.count; ++n) {
+      absl::StatusOr<v1::LookupResponse> found =
+          TryCallGated<v1::LookupRequest, v1::LookupResponse>(
+              &v1::HostKV::Stub::Lookup, request, RingMethod::kLookup);
+      if (absl::IsUnavailable(found.status()) || absl::IsCancelled(found.status())) {
+        for (size_t j = i; j < all.size(); ++j) {
+          held.Add(all[j].pool, all[j].cache_namespace, {all[j].key}, {all[j].page});
+        }
+        return found.status();
+      }
+      if (!found.ok()) break;
+      const std::vector<uint64_t> pages = PageList(ToPageRanges(found->pages()));
+      if (pages.size() == 1 && pages[0] == ref.page) {
+        held.Add(ref.pool, ref.cache_namespace, {ref.key}, {ref.page});
+        ++taken;
+        continue;
+      }
+      if (!pages.empty()) {
+        // Cached again on another page: not the one the caller holds.
+        v1::ReleaseRequest release;
+        release.set_session_id(session_id);
+        release.set_pool(ref.pool);
+        v1::PageRun* run = release.add_pages();
+        run->set_first_page(pages[0]);
+        run->set_num_pages(1);
+        TryCallGated<v1::ReleaseRequest, v1::ReleaseResponse>(
+            &v1::HostKV::Stub::Release, release, RingMethod::kRelease)
+            .IgnoreError();
+      }
+      break;
+    }
+  }
+  return taken;
 }
 
 absl::StatusOr<Operation> Client::Impl::Issued(

@@ -207,6 +207,46 @@ TEST(DaemonRestartTest, ALoadSentWhileTheDaemonIsDownIsWaitedForInTheNextOne) {
   EXPECT_OK(e.client->Free("kept", *pages));
 }
 
+// References on cached pages do not survive the daemon; the resume takes
+// them again (the keys are still on their pages), so a Load and a Release
+// of pages looked up before the restart work after it.
+TEST(DaemonRestartTest, ReferencesHeldBeforeTheRestartAreTakenAgain) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.started()) << daemon.log();
+  Engine e;
+  ASSERT_OK(e.Start(daemon.target(), absl::Seconds(20)));
+  e.Fill(9);
+  const std::string device_before = e.Bytes();
+  absl::StatusOr<std::vector<PageRange>> pages = e.client->Alloc("kept", kPages * kPageSize);
+  ASSERT_OK(pages);
+  absl::StatusOr<Operation> backup = e.client->Backup("kept", e.import, *pages, kRows);
+  ASSERT_OK(backup);
+  ASSERT_OK(e.client->Wait(*backup));
+  std::vector<CacheItem> items;
+  std::vector<std::string> keys;
+  for (uint64_t i = 0; i < kPages; ++i) keys.push_back(absl::StrCat("held-", i));
+  for (uint64_t i = 0; i < kPages; ++i) {
+    items.push_back({keys[i], i == 0 ? "" : keys[i - 1], (*pages)[0].first_page + i});
+  }
+  ASSERT_OK(e.client->Publish("kept", "ns", items));
+  absl::StatusOr<LookupResult> found = e.client->Lookup("kept", "ns", keys, true);
+  ASSERT_OK(found);
+  ASSERT_EQ(found->hits, kPages);
+
+  ASSERT_EQ(daemon.Stop(SIGKILL), 128 + SIGKILL);
+  ASSERT_TRUE(daemon.Restart()) << daemon.log();
+
+  std::memset(e.device->data(), 0, e.bytes);
+  absl::StatusOr<Operation> load = e.client->Load("kept", e.import, found->pages, kRows);
+  ASSERT_OK(load);
+  ASSERT_OK(e.client->Wait(*load));
+  EXPECT_TRUE(LoadedRowsMatch(e, device_before, kPages * kPageSize));
+  absl::StatusOr<uint64_t> released = e.client->Release("kept", found->pages);
+  ASSERT_OK(released);
+  EXPECT_EQ(*released, kPages);
+  EXPECT_ERROR(FailedPrecondition, e.client->Release("kept", found->pages));
+}
+
 TEST(DaemonRestartTest, ADaemonWithoutTheStateSaysTheSessionIsLost) {
   testing::DaemonProcess daemon;
   ASSERT_TRUE(daemon.started()) << daemon.log();

@@ -193,3 +193,18 @@ def test_a_call_returns_soon_after_the_daemon_listens_again(daemon):
     # with room for a loaded machine, not a benchmark.
     assert max(gaps) < 1.5, gaps
     c.close()
+
+
+def test_references_held_before_the_restart_are_taken_again(daemon):
+    e = Engine(daemon)
+    e.client.publish(e.pool, "ns", keys("r"), e.reference)
+    hit = e.client.lookup(e.pool, "ns", keys("r"), acquire=True)
+    assert hit.hits == TOKENS // PAGE
+    daemon.kill()
+    daemon.restart()
+    e.kv.zero_()
+    e.client.wait(e.client.load(e.pool, e.import_id, hit.pages, [(TOKENS, TOKENS)]))
+    assert torch.equal(e.device_rows(TOKENS), e.original.narrow(2, 0, TOKENS))
+    assert e.client.release(e.pool, hit.pages) == TOKENS // PAGE
+    with pytest.raises(hostkv.errors.FailedPrecondition):
+        e.client.release(e.pool, hit.pages)
