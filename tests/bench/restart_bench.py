@@ -2,7 +2,9 @@
 new daemon takes to adopt N pages (half of them a session's, a quarter
 cached with their keys) beside the baselines measured in the same run (the
 same daemon starting without state, and creating the same pool), and the
-pause an engine sees from the kill to its session's first answered call.
+pause an engine sees from the kill to its session's first answered call,
+and how soon after a restarted daemon listens a call made during a 0.5 s
+outage returns (beside a fresh client's first call, the baseline).
 
   HOSTKVD=build/server/hostkvd HOSTKV_PROTO_DIR=build/client/python/hostkv_proto \\
   PYTHONPATH=client/python python3 tests/bench/restart_bench.py [--pages=1024,65536,524288]
@@ -12,8 +14,11 @@ import argparse
 import os
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import tempfile
+import threading
 import time
 
 import hostkv
@@ -84,6 +89,61 @@ def run(binary, pages):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def listening_at(sock):
+    """Polls until a connect to the gRPC socket succeeds; returns when."""
+    while True:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(sock)
+            return time.monotonic()
+        except OSError:
+            time.sleep(0.0005)
+        finally:
+            probe.close()
+
+
+def outage(binary, rounds=5, down=0.5):
+    """A call made while the daemon is down for `down` s: how long after
+    the next daemon listens it returns, and a fresh client's first answer
+    measured from the same instant (baseline)."""
+    work = tempfile.mkdtemp(prefix="hostkv-outage-bench-")
+    sock = os.path.join(work, "hostkvd.sock")
+    log = open(os.path.join(work, "log"), "w")
+    late, fresh = [], []
+    try:
+        d, _ = start(binary, sock, log)
+        c = hostkv.Client("unix:" + sock, "engine", reconnect_timeout=60)
+        c.create_pool(hostkv.mha_pool_spec("outage", 1, 1, 8, 1, capacity_tokens=1024))
+        for _ in range(rounds):
+            d.send_signal(signal.SIGKILL)
+            d.wait()
+            returned = {}
+
+            def call():
+                runs = c.alloc("outage", 1)
+                returned["at"] = time.monotonic()
+                c.free("outage", runs)
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            time.sleep(down)
+            d = subprocess.Popen([binary, f"--listen=unix:{sock}", "--memory_reserve=0",
+                                  "--log_level=warning"], stdout=log, stderr=log)
+            listening = listening_at(sock)
+            hostkv.Client("unix:" + sock, "probe", connect_timeout=5,
+                          reconnect_timeout=0).close()
+            fresh.append(time.monotonic() - listening)
+            caller.join()
+            late.append(returned["at"] - listening)
+        c.close()
+        d.send_signal(signal.SIGTERM)
+        d.wait()
+    finally:
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return late, fresh
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", default="1024,65536,524288")
@@ -96,6 +156,14 @@ def main():
         print(f"| {r['pages']:,} | {r['adopt'] * 1e3:.1f} ms | {r['create'] * 1e3:.1f} ms "
               f"| {r['warm_start'] * 1e3:.0f} ms | {r['cold_start'] * 1e3:.0f} ms "
               f"| {r['warm_start'] / r['cold_start']:.2f}x | {r['pause'] * 1e3:.0f} ms |")
+    late, fresh = outage(binary)
+    print()
+    print("| a call made during a 0.5 s outage | returned after the daemon listened "
+          "(median, max of 5) | a fresh client's connect + first call (baseline) | ratio |")
+    print("|---|--:|--:|--:|")
+    print(f"| Client.alloc | {statistics.median(late) * 1e3:.0f} ms, {max(late) * 1e3:.0f} ms "
+          f"| {statistics.median(fresh) * 1e3:.0f} ms "
+          f"| {statistics.median(late) / statistics.median(fresh):.2f}x |")
 
 
 if __name__ == "__main__":
