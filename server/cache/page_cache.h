@@ -179,6 +179,10 @@ class PageCache {
                                         absl::string_view parent_key,
                                         uint64_t page) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The page cached under (name_space, key), or kNotCached. Touches and
+  // counts nothing.
+  uint64_t PageOf(absl::string_view name_space, absl::string_view key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Which items are cached already exactly as they say (the item's key on
   // the item's page in `name_space`): a Publish sent again after a daemon
   // restart cut its first try. With acquire, `session` gets a reference on

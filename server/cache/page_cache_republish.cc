@@ -5,6 +5,16 @@
 
 namespace hostkv {
 
+uint64_t PageCache::PageOf(absl::string_view name_space,
+                           absl::string_view key) const {
+  absl::MutexLock lock(&mu_);
+  auto ns_it = namespace_ids_.find(name_space);
+  if (ns_it == namespace_ids_.end()) return kNotCached;
+  const uint16_t ns = ns_it->second;
+  const uint32_t page = FindLocked(KeyRef{ns, key, HashOf(ns, key)});
+  return page == kNone ? kNotCached : page;
+}
+
 absl::StatusOr<std::vector<bool>> PageCache::Republished(
     absl::string_view name_space, absl::Span<const PublishItem> items,
     bool acquire, OwnerTag session) {

@@ -401,6 +401,34 @@ TEST_F(CacheRequestsTest, AKeyCachedAlreadyKeepsTheFirstPage) {
   ExpectConsistent();
 }
 
+// A Publish sent again (its first try's answer lost to a restart): the
+// items the first try cached exactly as they say are answered CACHED and
+// change nothing; the others are published now; acquire takes one
+// reference per item either way.
+TEST_F(CacheRequestsTest, APublishSentAgainIsAnsweredAsIfItRanOnce) {
+  const SessionId s = OpenSession();
+  const std::vector<uint64_t> pages = AllocPages(s, 3);
+  ASSERT_OK(Publish(s, {"k0", "k1"}, {pages[0], pages[1]}));
+  auto again = Publish(s, {"k0", "k1", "k2"}, pages, /*acquire=*/true);
+  ASSERT_OK(again);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(v1::PUBLISH_CACHED, again->results(i).outcome()) << i;
+    EXPECT_EQ(pages[i], again->results(i).page()) << i;
+  }
+  EXPECT_EQ(3u, again->cached());
+  EXPECT_EQ(3u, Pool().cache().cached_pages());
+  EXPECT_EQ(0u, Pool().allocator().pages_owned_by(numbers_[s]));
+  for (uint64_t page : pages) EXPECT_EQ(1u, Pool().cache().References(page));
+  // A key on another page than the item's is not the same Publish.
+  EXPECT_ERROR(FailedPrecondition, Publish(s, {"k0"}, {pages[1]}));
+  // A failure after the republished items took their references gives
+  // them back: here the fresh item's page is not the session's.
+  EXPECT_ERROR(FailedPrecondition,
+               Publish(s, {"k0", "k9"}, {pages[0], pages[2] + 1}, /*acquire=*/true));
+  EXPECT_EQ(1u, Pool().cache().References(pages[0]));
+  ExpectConsistent();
+}
+
 TEST_F(CacheRequestsTest, BadPublishesChangeNothing) {
   const SessionId s = OpenSession();
   const std::vector<uint64_t> pages = AllocPages(s, 1);

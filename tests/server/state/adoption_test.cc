@@ -129,8 +129,11 @@ class AdoptionTest : public ::testing::Test {
     return true;
   }
 
-  // The first daemon: pages of three sessions, two of them published.
-  void RunFirstDaemon() {
+  // The first daemon: pages of three sessions, two of them published; with
+  // `cut_publish`, it dies in the middle of two more Publishes, after their
+  // pages moved to the cache and before their keys were recorded: one by the
+  // kept session (two pages), one by the gone session (one page).
+  void RunFirstDaemon(bool cut_publish = false) {
     ASSIGN_OR_FAIL(keeper, StateKeeper::Connect(keeper_.path(), false, absl::Seconds(60)));
     PoolRegistry first(&budget_, "/hostkv-test.", 1);
     first.set_keeper(keeper.get());
@@ -155,6 +158,20 @@ class AdoptionTest : public ::testing::Test {
     const PublishItem items[] = {{"k0", "", parent_page_},
                                  {"k1", "k0", child_page_}};
     ASSERT_OK(pool->cache().Publish("ns", items, false, kPublisher));
+    // Confirmed: the cache recorded their keys.
+    pool->allocator().ConfirmCached({parent_page_, child_page_});
+    if (cut_publish) {
+      ASSIGN_OR_FAIL(moving, pool->allocator().Allocate(2, kKept));
+      ASSIGN_OR_FAIL(moving_gone, pool->allocator().Allocate(1, kGone));
+      moving_ = moving;
+      for (const PageRun& r : moving) {
+        for (uint64_t p = r.first_page; p < r.first_page + r.num_pages; ++p) {
+          std::memset(Page(*pool, p), 0x5c, pool->geometry().page_bytes());
+        }
+      }
+      ASSERT_OK(pool->allocator().Cache(moving, kKept, absl::InfiniteFuture()));
+      ASSERT_OK(pool->allocator().Cache(moving_gone, kGone, absl::InfiniteFuture()));
+    }
     // The daemon dies here: nothing is cleaned up, the keeper holds on.
   }
 
@@ -196,6 +213,7 @@ class AdoptionTest : public ::testing::Test {
   std::unique_ptr<StateKeeper> keeper_client_;
   std::unique_ptr<PoolRegistry> second_;
   std::vector<PageRun> kept_;
+  std::vector<PageRun> moving_;
   uint64_t gone_page_ = 0, parent_page_ = 0, child_page_ = 0;
 };
 
@@ -279,6 +297,30 @@ TEST_F(AdoptionTest, AKeyOfANamespaceWithoutOwnerIsNotServed) {
   EXPECT_EQ(pool->allocator().cached_pages(), 0u);
   ASSIGN_OR_FAIL(found, pool->cache().Lookup("ns", {"k0"}, false, kKept));
   EXPECT_EQ(found.hits, 0u);
+}
+
+// A Publish cut between moving its pages to the cache and recording their
+// keys: the ledger says "being published by session N", so the next daemon
+// gives them back to that session (its bytes intact), or drops them if the
+// session did not survive; nothing is cached without its key.
+TEST_F(AdoptionTest, APublishCutBeforeItsKeysGivesThePagesBack) {
+  RunFirstDaemon(/*cut_publish=*/true);
+  Adopted a;
+  Adopt(&a);
+  ASSERT_NE(a.pool, nullptr);
+  HostPool& pool = *a.pool;
+  EXPECT_EQ(a.report.pages_owned, 5u);    // 3 + the 2 of the cut Publish
+  EXPECT_EQ(a.report.pages_cached, 2u);   // only the keys recorded
+  EXPECT_EQ(a.report.pages_dropped, 3u);  // the gone session's 2 + its 1
+  EXPECT_EQ(pool.allocator().pages_owned_by(kKept), 5u);
+  EXPECT_EQ(pool.allocator().cached_pages(), 2u);
+  EXPECT_OK(pool.allocator().CheckOwned(moving_, kKept));
+  for (const PageRun& r : moving_) {
+    for (uint64_t p = r.first_page; p < r.first_page + r.num_pages; ++p) {
+      EXPECT_TRUE(PageIs(pool, p, 0x5c)) << "page " << p;
+    }
+  }
+  EXPECT_OK(pool.cache().CheckConsistency());
 }
 
 }  // namespace

@@ -75,6 +75,18 @@ TEST(PoolLedgerTest, ReadsBackWhatWasRecorded) {
   EXPECT_EQ(c.entries[1].use, 11u);
 }
 
+TEST(PoolLedgerTest, PagesBeingPublishedReadBackWithTheirPublisher) {
+  ASSIGN_OR_FAIL(ledger, PoolLedger::Create(Spec("a"), {}, 8));
+  ledger->RecordOwner(0, 8, 3);
+  ledger->RecordPublishing(2, 3);
+  ledger->RecordPublishing(5, 4);
+  ledger->RecordOwner(5, 1, kCacheOwner);  // confirmed: a plain word again
+  const PoolLedger::Contents c = ledger->Read();
+  EXPECT_EQ(c.unproven_pages, 0u);
+  EXPECT_EQ(c.owners, (std::vector<OwnerTag>{3, 3, 3, 3, 3, kCacheOwner, 3, 3}));
+  EXPECT_EQ(c.publishing, (std::vector<uint64_t>{2}));
+}
+
 TEST(PoolLedgerTest, AFlippedByteIsUnprovenNeverTrusted) {
   ASSIGN_OR_FAIL(ledger, PoolLedger::Create(Spec("a"), {}, 8));
   ledger->RecordOwner(0, 8, 3);
