@@ -418,16 +418,22 @@ class Client(CacheCalls):
             return response if on_answer is None else on_answer(response)
 
     def _await_channel(self, patience):
-        channel = self._channel
-        if channel is None:
+        """Returns once hostkvd listens (a RenewSession sent with
+        wait_for_ready gets any answer), drives the channel's reconnect;
+        Unavailable if it does not within `patience` seconds. (No
+        connectivity watch: its polling thread would outlive the channel.)"""
+        if self._channel is None:
             raise errors.FailedPrecondition("the client is closed")
-        ready = grpc.channel_ready_future(channel)
         try:
-            ready.result(timeout=patience)
-        except grpc.FutureTimeoutError:
-            ready.cancel()  # its thread would outlive the channel otherwise
-            raise errors.Unavailable(
-                f"hostkvd at {self._contact.target} does not listen yet") from None
+            self._stub.RenewSession(pb.RenewSessionRequest(session_id=self.session_id),
+                                    timeout=max(patience, 0.001), wait_for_ready=True,
+                                    metadata=self._metadata)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise errors.Unavailable(
+                    f"hostkvd at {self._contact.target} does not listen yet") from None
+        except ValueError:  # the channel closed under this call
+            raise errors.FailedPrecondition("the client is closed") from None
 
     def _try(self, method, request):
         if self._channel is None:
