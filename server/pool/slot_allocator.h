@@ -211,8 +211,12 @@ class SlotAllocator {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every change of a page's owner from now on is also written to `ledger`
-  // (may be null). Set before the allocator is shared.
-  void set_ledger(PageLedger* ledger) { ledger_ = ledger; }
+  // (may be null). The allocator's own scrubber may already run (an adopted
+  // pool): taken under the lock.
+  void set_ledger(PageLedger* ledger) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ledger_ = ledger;
+  }
 
   // How long the background scrubber leaves a session's freed pages to it.
   static constexpr absl::Duration kReuseWindow = absl::Milliseconds(250);

@@ -79,11 +79,12 @@ uint64_t SlotAllocator::ScrubLocked(uint64_t max_pages, OwnerTag spare,
     it = pending.runs.empty() ? pending_.erase(it) : std::next(it);
   }
   pending_pages_ -= pages;
+  const bool recorded = ledger_ != nullptr;  // read under the lock
   // The pages are neither free nor owned: nobody else touches them while
   // they are zeroed without the lock.
   mu_.Unlock();
   for (const PageRun& run : runs) scrub_(run);
-  if (ledger_ != nullptr) CrashPoint("scrub");
+  if (recorded) CrashPoint("scrub");
   mu_.Lock();
   for (const PageRun& run : runs) {
     Record(run.first_page, run.num_pages, kNoOwner);
