@@ -77,22 +77,30 @@ struct Engine {
   std::string Bytes() const {
     return std::string(reinterpret_cast<const char*>(device->data()), bytes);
   }
+  // Fills the device buffer from `seed`, backs rows [0, pages) up to new
+  // host pages and waits; returns the pages.
+  absl::StatusOr<std::vector<PageRange>> BackedUpPages(uint8_t seed);
 };
 
 const std::vector<SlotRange> kRows = {{0, kPages * kPageSize}};
+
+absl::StatusOr<std::vector<PageRange>> Engine::BackedUpPages(uint8_t seed) {
+  Fill(seed);
+  ASSIGN_OR_RETURN(std::vector<PageRange> pages,
+                   client->Alloc("kept", kPages * kPageSize));
+  ASSIGN_OR_RETURN(Operation backup, client->Backup("kept", import, pages, kRows));
+  RETURN_IF_ERROR(client->Wait(backup));
+  return pages;
+}
 
 TEST(DaemonRestartTest, TheEngineCarriesOnWithItsPagesImportAndKeys) {
   testing::DaemonProcess daemon;
   ASSERT_TRUE(daemon.started()) << daemon.log();
   Engine e;
   ASSERT_OK(e.Start(daemon.target(), absl::Seconds(20)));
-  e.Fill(3);
-  const std::string device_before = e.Bytes();
-  absl::StatusOr<std::vector<PageRange>> pages = e.client->Alloc("kept", kPages * kPageSize);
+  absl::StatusOr<std::vector<PageRange>> pages = e.BackedUpPages(3);
   ASSERT_OK(pages);
-  absl::StatusOr<Operation> backup = e.client->Backup("kept", e.import, *pages, kRows);
-  ASSERT_OK(backup);
-  ASSERT_OK(e.client->Wait(*backup));
+  const std::string device_before = e.Bytes();
   absl::StatusOr<std::string> host_before = e.client->ReadPages("kept", *pages);
   ASSERT_OK(host_before);
   // Half the pages published: page i under "key-i".
@@ -178,13 +186,9 @@ TEST(DaemonRestartTest, ALoadSentWhileTheDaemonIsDownIsWaitedForInTheNextOne) {
   ASSERT_TRUE(daemon.started()) << daemon.log();
   Engine e;
   ASSERT_OK(e.Start(daemon.target(), absl::Seconds(20)));
-  e.Fill(5);
-  const std::string device_before = e.Bytes();
-  absl::StatusOr<std::vector<PageRange>> pages = e.client->Alloc("kept", kPages * kPageSize);
+  absl::StatusOr<std::vector<PageRange>> pages = e.BackedUpPages(5);
   ASSERT_OK(pages);
-  absl::StatusOr<Operation> backup = e.client->Backup("kept", e.import, *pages, kRows);
-  ASSERT_OK(backup);
-  ASSERT_OK(e.client->Wait(*backup));
+  const std::string device_before = e.Bytes();
   for (int round = 0; round < 3; ++round) {
     std::memset(e.device->data(), 0, e.bytes);
     ASSERT_EQ(daemon.Stop(SIGKILL), 128 + SIGKILL);
@@ -215,13 +219,9 @@ TEST(DaemonRestartTest, ReferencesHeldBeforeTheRestartAreTakenAgain) {
   ASSERT_TRUE(daemon.started()) << daemon.log();
   Engine e;
   ASSERT_OK(e.Start(daemon.target(), absl::Seconds(20)));
-  e.Fill(9);
-  const std::string device_before = e.Bytes();
-  absl::StatusOr<std::vector<PageRange>> pages = e.client->Alloc("kept", kPages * kPageSize);
+  absl::StatusOr<std::vector<PageRange>> pages = e.BackedUpPages(9);
   ASSERT_OK(pages);
-  absl::StatusOr<Operation> backup = e.client->Backup("kept", e.import, *pages, kRows);
-  ASSERT_OK(backup);
-  ASSERT_OK(e.client->Wait(*backup));
+  const std::string device_before = e.Bytes();
   std::vector<CacheItem> items;
   std::vector<std::string> keys;
   for (uint64_t i = 0; i < kPages; ++i) keys.push_back(absl::StrCat("held-", i));
