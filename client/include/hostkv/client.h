@@ -237,10 +237,15 @@ class Client {
                                    const TransferOptions& options = {});
 
   // Blocks until layer `layer` (an absolute layer index) of `op` is copied,
-  // without calling the daemon. (CUDA imports publish each layer to the
-  // host too; GpuSignals::WaitLayer waits per layer on a CUDA stream
-  // instead, without the host.) InvalidArgument if `op` does not cover the
-  // layer; Aborted if the daemon abandoned the operation; DeadlineExceeded.
+  // reading the signal records of the daemon that ran it, without calling
+  // the daemon (unless it went away meanwhile: then the call that waits for
+  // the next one resumes the session, which submits `op` again, and this
+  // waits for that). (CUDA imports publish each layer to the host too;
+  // GpuSignals::WaitLayer waits per layer on a CUDA stream instead, without
+  // the host.) InvalidArgument if `op` does not cover the layer or is not
+  // this client's; Aborted if the daemon abandoned the operation (or it was
+  // in flight in a daemon that went away and the client kept no record of
+  // it: submit it again); DeadlineExceeded.
   absl::Status WaitLayer(const Operation& op, uint32_t layer,
                          absl::Duration timeout = absl::Seconds(60));
   // Blocks until every layer of `op` is copied.
