@@ -79,4 +79,5 @@ def test_three_engines_through_kills_and_takeovers():
         assert r["lost"] == 0, (role, r)
         assert r["rounds"] > 20, (role, r)
     cached, stored = reports["reader"]["checked"]
+    print(f"soak: {cached} published keys and {stored} stored prompts checked at the end")
     assert cached > 50 and stored > 5, reports["reader"]
