@@ -407,3 +407,26 @@ def test_a_requests_stores_over_several_steps_complete_as_one_set(daemon, model)
     m.complete_load(set(hashes[3:]))
     assert _pool_stats(daemon, pool).cache.referenced_pages == 0
     a.close()
+
+
+def test_the_scheduler_never_raises_while_hostkvd_is_away(model, monkeypatch):
+    """hostkvd down for longer than reconnect_timeout: lookups are misses,
+    stores store nothing, events wait; once it is back, the blocks are
+    found again."""
+    from conftest import Daemon
+    d = Daemon()
+    try:
+        monkeypatch.setenv("HOSTKV_RECONNECT_TIMEOUT", "0.5")
+        a = Instance(d.target, seed=1, model=model)
+        hashes = prompt_hashes(4)
+        a.store(hashes, [0, 1, 2, 3])
+        m = a.sched.manager
+        d.kill()
+        assert m.lookup(hashes) == 0
+        assert m.prepare_store(prompt_hashes(2, 77)) is None
+        m.take_events()
+        d.restart()
+        assert m.lookup(hashes) == 4
+        a.close()
+    finally:
+        d.stop()

@@ -99,9 +99,15 @@ class HostkvOffloadingManager(OffloadingManager):
             self._drop_all_holds()
             try:
                 hold = self._acquire(keys)
-            except errors.ResourceExhausted:
+            except errors.HostKVError:
                 logger.warning("lookup of %d blocks: %s; answered as a miss", len(keys), e)
                 return 0
+        except errors.HostKVError as e:
+            # hostkvd away longer than reconnect_timeout, or the session lost:
+            # a miss, never an exception in vLLM's scheduler.
+            logger.warning("lookup of %d blocks: %s %s; answered as a miss", len(keys),
+                           e.code_name, e.message)
+            return 0
         if hold is None:
             return 0
         if hold.count == 0:
@@ -149,10 +155,15 @@ class HostkvOffloadingManager(OffloadingManager):
     def prepare_store(self, block_hashes):
         hashes = list(block_hashes)
         keys = self._keys.keys(hashes)
-        cached = self._cached_on_every_rank(keys)
-        if cached is None:
-            return None  # no worker has registered its KV cache yet
-        evicted = self._take_evictions()
+        try:
+            cached = self._cached_on_every_rank(keys)
+            if cached is None:
+                return None  # no worker has registered its KV cache yet
+            evicted = self._take_evictions()
+        except errors.HostKVError as e:
+            logger.warning("prepare_store of %d blocks: %s %s; nothing stored", len(keys),
+                           e.code_name, e.message)
+            return None
         to_store = hashes[cached:]
         for k in keys[cached:]:
             self._store_seq += 1
@@ -174,7 +185,12 @@ class HostkvOffloadingManager(OffloadingManager):
         keys = [k for _, k, _ in ranked]
         # Report what the workers did publish on every rank (a worker that
         # could not allocate reports its job done but stored nothing).
-        stored = self._cached_on_every_rank(keys) or 0
+        try:
+            stored = self._cached_on_every_rank(keys) or 0
+        except errors.HostKVError as e:
+            logger.warning("complete_store: %s %s; no event for %d blocks", e.code_name,
+                           e.message, len(keys))
+            return
         if stored:
             self._events.append(OffloadingEvent([h for _, _, h in ranked][:stored],
                                                 self._block_size, "CPU", False))
@@ -182,7 +198,12 @@ class HostkvOffloadingManager(OffloadingManager):
     def take_events(self):
         if not self._events_on:
             return ()
-        removed = self._take_evictions()
+        try:
+            removed = self._take_evictions()
+        except errors.HostKVError as e:
+            logger.warning("take_events: %s %s; evictions reported later", e.code_name,
+                           e.message)
+            removed = []
         if removed:
             self._events.append(OffloadingEvent(removed, self._block_size, "CPU", True))
         events, self._events = self._events, []
