@@ -602,6 +602,11 @@ absl::Status Client::WaitLayer(const Operation& given, uint32_t layer,
       if (impl_->records.Ended(op, layers)) {
         return WaitForLayers(signal, op.op_id, layers, absl::ZeroDuration());
       }
+      {
+        // A resume under way decides its fate first.
+        absl::MutexLock resume_lock(&impl_->resume_mu);
+      }
+      if (impl_->records.Replacement(op).has_value()) continue;
       return absl::AbortedError(absl::StrCat(
           "hostkvd restarted while operation ", op.op_id, " was in flight: "
           "submit it again (loads and backups may be repeated)"));

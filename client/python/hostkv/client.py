@@ -724,7 +724,10 @@ class Client(CacheCalls):
                 if signals is not None and self._ended(op, layers):
                     signals.wait_for_layers(op.signal_index, op.op_id, layers, 0)
                     return
-                self._records.replace(op, self._submit(op.method, op.request))
+                with self._resume_lock:
+                    pass  # a resume under way decides its fate first
+                if self._records.replacement(op) is None:
+                    self._records.replace(op, self._submit(op.method, op.request))
                 continue
             left = deadline - time.monotonic()
             try:
