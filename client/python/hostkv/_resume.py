@@ -27,25 +27,31 @@ class CallGate:
     """
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._calls = 0
         self._resumer = None  # the thread resuming, or None
 
-    @contextlib.contextmanager
-    def call(self):
-        me = threading.get_ident()
-        with self._cond:
-            while self._resumer is not None and self._resumer != me:
-                self._cond.wait()
-            counted = self._resumer != me  # the resume's own calls pass
-            if counted:
+    def enter(self):
+        """Before a try of a call; returns whether it counted (for leave).
+        Waits while another thread resumes; the resume's own calls pass."""
+        with self._lock:
+            if self._resumer is None:  # the usual case: one lock, no wait
                 self._calls += 1
-        try:
-            yield
-        finally:
-            if counted:
-                with self._cond:
-                    self._calls -= 1
+                return True
+            me = threading.get_ident()
+            if self._resumer == me:
+                return False
+            while self._resumer is not None:
+                self._cond.wait()
+            self._calls += 1
+            return True
+
+    def leave(self, counted):
+        if counted:
+            with self._lock:
+                self._calls -= 1
+                if self._resumer is not None:
                     self._cond.notify_all()
 
     @contextlib.contextmanager

@@ -413,9 +413,12 @@ class Client(CacheCalls):
         seconds for the channel to connect (Unavailable if it does not)."""
         if patience is not None:
             self._await_channel(patience)
-        with self._gate.call():
+        counted = self._gate.enter()
+        try:
             response = self._try(method, request)
             return response if on_answer is None else on_answer(response)
+        finally:
+            self._gate.leave(counted)
 
     def _await_channel(self, patience):
         """Returns once hostkvd listens (a RenewSession sent with
