@@ -119,41 +119,39 @@ struct Client::Impl {
   template <typename Request, typename Response, typename Method>
   absl::StatusOr<Response> TryCallGated(Method method, const Request& request,
                                         std::optional<RingMethod> ring_method) {
-    {
-      if (ring_method.has_value()) {
-        if (std::shared_ptr<RingClient> r = Ring()) {
-          std::optional<absl::StatusOr<std::string>> answer =
-              r->Call(*ring_method, request.SerializeAsString(),
-                      absl::Seconds(60), [this] { return SessionSocketHungUp(); });
-          if (answer.has_value()) {
-            if (answer->ok()) {
-              Response response;
-              if (!response.ParseFromString(**answer)) {
-                return absl::InternalError("the command ring's answer is unparsable");
-              }
-              return response;
+    if (ring_method.has_value()) {
+      if (std::shared_ptr<RingClient> r = Ring()) {
+        std::optional<absl::StatusOr<std::string>> answer =
+            r->Call(*ring_method, request.SerializeAsString(),
+                    absl::Seconds(60), [this] { return SessionSocketHungUp(); });
+        if (answer.has_value()) {
+          if (answer->ok()) {
+            Response response;
+            if (!response.ParseFromString(**answer)) {
+              return absl::InternalError("the command ring's answer is unparsable");
             }
-            if (absl::IsUnavailable(answer->status())) {
-              // The daemon that served this ring is gone: calls wait for it
-              // over gRPC, and a resumed session gets a new ring.
-              absl::MutexLock lock(&ring_mu);
-              if (ring == r) ring.reset();
-            }
-            return answer->status();
+            return response;
           }
+          if (absl::IsUnavailable(answer->status())) {
+            // The daemon that served this ring is gone: calls wait for it
+            // over gRPC, and a resumed session gets a new ring.
+            absl::MutexLock lock(&ring_mu);
+            if (ring == r) ring.reset();
+          }
+          return answer->status();
         }
       }
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::seconds(60));
-      if (!auth_token.empty()) {
-        context.AddMetadata("authorization", "Bearer " + auth_token);
-      }
-      Response response;
-      grpc::Status status = (stub.get()->*method)(&context, request, &response);
-      if (status.ok()) return response;
-      return FromGrpcStatus(status);
     }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+    if (!auth_token.empty()) {
+      context.AddMetadata("authorization", "Bearer " + auth_token);
+    }
+    Response response;
+    grpc::Status status = (stub.get()->*method)(&context, request, &response);
+    if (status.ok()) return response;
+    return FromGrpcStatus(status);
   }
 
   // ---- Restarts (client_resume.cc) ----

@@ -38,26 +38,18 @@ std::shared_ptr<const SignalRecords> OperationRecords::Segment(
 }
 
 void OperationRecords::Track(SubmittedOp op) {
-  std::vector<Key> keys;
+  std::vector<Operation> kept;
   {
     absl::MutexLock lock(&mu_);
     outstanding_[KeyOf(op.op)] = std::move(op);
     if (outstanding_.size() < kPruneAt) return;
-    for (const auto& [key, kept] : outstanding_) keys.push_back(key);
+    kept.reserve(outstanding_.size());
+    for (const auto& [key, submitted] : outstanding_) kept.push_back(submitted.op);
   }
   // Outside the lock: Ended takes it.
   std::vector<Key> done;
-  for (const Key& key : keys) {
-    Operation probe;
-    probe.signal_segment = key.first;
-    probe.op_id = key.second;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = outstanding_.find(key);
-      if (it == outstanding_.end()) continue;
-      probe = it->second.op;
-    }
-    if (Ended(probe)) done.push_back(key);
+  for (const Operation& o : kept) {
+    if (Ended(o)) done.push_back(KeyOf(o));
   }
   absl::MutexLock lock(&mu_);
   for (const Key& key : done) outstanding_.erase(key);
