@@ -6,17 +6,53 @@ same model and layout.
       "kv_role":"kv_both","kv_connector_extra_config":{
         "spec_name":"HostkvOffloadingSpec","spec_module_path":"hostkv.vllm"}}'
 
-Supported: vLLM v0.11-v0.20 (vllm.v1.kv_offload.{abstract,mediums,spec});
-v0.21 and later moved the API into vllm.v1.kv_offload.base and are not
-supported yet. See README.md, "Using hostkv with vLLM".
+The vLLM API is chosen by what the installed vLLM has, never by its version
+string:
+  vllm.v1.kv_offload.config + base   v0.26 and later (spec_v026.py)
+  vllm.v1.kv_offload.spec/abstract   v0.11-v0.20 (spec.py)
+vLLM v0.21-v0.25 (base.py with the older constructor) are refused with a
+message. See README.md beside this file.
 """
-try:
-    from .spec import HostkvOffloadingSpec
-except ImportError as e:  # pragma: no cover - depends on the vLLM installed
-    if "kv_offload" in str(e) or "vllm" in str(e):
-        raise ImportError(
-            "hostkv.vllm needs vLLM v0.11-v0.20 (vllm.v1.kv_offload.spec, abstract, "
-            f"mediums); this environment has none or a newer API: {e}") from e
-    raise
+import importlib.util
+import inspect
 
-__all__ = ["HostkvOffloadingSpec"]
+
+def _has_module(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _era():
+    if not _has_module("vllm"):
+        return None
+    if _has_module("vllm.v1.kv_offload.config") and _has_module("vllm.v1.kv_offload.base"):
+        from vllm.v1.kv_offload import base  # pylint: disable=import-outside-toplevel
+        params = inspect.signature(base.OffloadingSpec.__init__).parameters
+        if "config" in params and "get_worker" in getattr(base.OffloadingSpec,
+                                                          "__abstractmethods__", ()):
+            return "v0.26+"
+        return "v0.21-v0.25"
+    if _has_module("vllm.v1.kv_offload.base"):
+        return "v0.21-v0.25"
+    if _has_module("vllm.v1.kv_offload.spec") and _has_module("vllm.v1.kv_offload.mediums"):
+        return "v0.11-v0.20"
+    return "unknown"
+
+
+ERA = _era()
+
+if ERA == "v0.26+":
+    from .spec_v026 import HostkvOffloadingSpec
+elif ERA == "v0.11-v0.20":
+    from .spec import HostkvOffloadingSpec
+else:
+    raise ImportError(
+        "hostkv.vllm serves vLLM v0.26 and later (vllm.v1.kv_offload.config and base, "
+        "OffloadingSpec(config), get_worker) and v0.11-v0.20 (vllm.v1.kv_offload.spec, "
+        f"abstract, mediums); this environment has {ERA or 'no vllm'}: "
+        + ("vLLM v0.21-v0.25 are not served, upgrade vLLM" if ERA == "v0.21-v0.25"
+           else "install vLLM"))
+
+__all__ = ["HostkvOffloadingSpec", "ERA"]

@@ -1,0 +1,333 @@
+"""The scheduler side's only contact with hostkvd (vLLM v0.26+): a thread
+that asks what the scheduler's lookups need, holds references on what it
+finds, releases them, and reads evictions. vLLM's scheduler thread never
+calls the daemon: it reads and writes the shared Board (under its lock)
+and wakes this thread.
+
+What the thread does, each round:
+  lookups   the keys lookup() queued, per KV cache group in the order
+            asked: Lookup(acquire) of their page keys in every rank's
+            namespace. The run found on every rank is held (a "hold": one
+            reference per page per rank, so that no instance's allocation
+            evicts it before the load that follows); the first key after it
+            is a miss; the keys after that are asked again as a run of
+            their own (at most MAX_CALLS calls per group per round).
+  releases  holds prepare_load no longer needs (complete_load), holds no
+            load claimed within hold_seconds, and everything at reset.
+  confirms  with KV events on: the keys of completed stores, found on
+            every rank -> "stored" events.
+  evictions with KV events on: ListEvictions of every (group, rank)
+            namespace -> "removed" events.
+A daemon call that fails (hostkvd away past reconnect_timeout, the
+session lost) marks the daemon away: lookups answer MISS until a call
+succeeds again.
+"""
+import logging
+import threading
+import time
+
+from .. import errors
+from ..cache_calls import page_list, page_runs
+from .chunks import group_of, page_keys
+
+logger = logging.getLogger("hostkv.vllm")
+
+MAX_CALLS = 16          # Lookup runs per group per round
+EVICTIONS_PER_CALL = 2048
+EVICTION_POLL_SECONDS = 0.05
+
+
+class Hold:
+    """References the scheduler's session holds on one offload key's
+    pages: per rank the page numbers (blocks_per_chunk of them)."""
+    __slots__ = ("group", "pages_by_rank", "loads", "since")
+
+    def __init__(self, group, pages_by_rank):
+        self.group = group
+        self.pages_by_rank = pages_by_rank
+        self.loads = 0
+        self.since = time.monotonic()
+
+
+class Board:
+    """What the scheduler thread and the agent share (guarded by `lock`)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.held = {}        # key -> Hold
+        self.misses = {}      # key -> when the daemon answered "not cached"
+        self.asked = {}       # key -> when it was queued
+        self.queue = []       # keys to look up, in the order asked
+        self.releases = []    # Holds to release
+        self.confirms = []    # keys of completed stores (events on)
+        self.events = []      # [(keys, removed)] for take_events
+        self.away = False     # the last daemon call failed
+        self.away_reason = ""
+        self.stopping = False
+        self.reset_requested = False
+
+
+class SchedulerAgent:
+    def __init__(self, client, placement, blocks_per_chunk, board, events, hold_seconds,
+                 stats):
+        self._client = client
+        self._placement = placement
+        self._f = int(blocks_per_chunk)
+        self._board = board
+        self._events = bool(events)
+        self._hold_seconds = float(hold_seconds)
+        self._stats = stats
+        self._cursors = {}  # (pool, namespace) -> ListEvictions cursor
+        self._last_eviction_poll = 0.0
+        self._thread = threading.Thread(target=self._run, name="hostkv-vllm-scheduler",
+                                        daemon=True)
+
+    def start(self):
+        if self._events:
+            for gid in self._placement.group_ids:
+                for place in self._placement.places(gid):
+                    self._cursors[place] = self._eviction_cursor(*place)
+        self._thread.start()
+
+    def stop(self):
+        b = self._board
+        with b.lock:
+            b.stopping = True
+            b.wake.notify()
+        self._thread.join(timeout=30)
+
+    # -- the loop -------------------------------------------------------
+
+    def _run(self):
+        b = self._board
+        while True:
+            with b.lock:
+                if not b.stopping and not (b.queue or b.releases or b.confirms or
+                                           b.reset_requested):
+                    b.wake.wait(timeout=EVICTION_POLL_SECONDS if self._events else 0.5)
+                if b.stopping:
+                    releases = list(b.held.values()) + b.releases
+                    b.held.clear()
+                    b.releases = []
+                    break
+                queue, b.queue = b.queue, []
+                releases, b.releases = b.releases, []
+                confirms, b.confirms = b.confirms, []
+                if b.reset_requested:
+                    b.reset_requested = False
+                    releases += list(b.held.values())
+                    b.held.clear()
+                    b.misses.clear()
+                releases += self._expired_holds()
+            try:
+                self._release(releases)
+                if queue:
+                    self._lookups(queue)
+                if confirms:
+                    self._confirm(confirms)
+                self._poll_evictions()
+            except Exception:  # pylint: disable=broad-except
+                logger.exception("hostkv.vllm scheduler agent")
+        self._release(releases)
+
+    def _expired_holds(self):
+        now = time.monotonic()
+        b = self._board
+        gone = [k for k, h in b.held.items()
+                if h.loads == 0 and now - h.since > self._hold_seconds]
+        return [b.held.pop(k) for k in gone]
+
+    # -- daemon calls ---------------------------------------------------
+
+    def _call(self, what, fn, *args, **kw):
+        """One daemon call; None (and the daemon marked away) when it fails
+        for a reason other than NotFound / ResourceExhausted, which are
+        raised."""
+        try:
+            out = fn(*args, **kw)
+        except (errors.NotFound, errors.ResourceExhausted):
+            self._mark(False, "")  # it answered
+            raise
+        except errors.HostKVError as e:
+            self._mark(True, f"{what}: {e.code_name} {e.message}")
+            return None
+        self._mark(False, "")
+        return out
+
+    def _mark(self, away, reason):
+        b = self._board
+        with b.lock:
+            if away and reason and not b.away:
+                logger.warning("hostkvd away (%s): lookups answer MISS, stores store "
+                               "nothing until it answers again", reason)
+            elif not away and b.away:
+                logger.info("hostkvd answers again")
+            b.away = away
+            b.away_reason = reason
+
+    def _lookups(self, queue):
+        by_group = {}
+        for key in queue:
+            by_group.setdefault(group_of(key), []).append(key)
+        for gid, keys in by_group.items():
+            remaining, calls = keys, 0
+            while remaining and calls < MAX_CALLS:
+                calls += 1
+                hits = self._hold_run(gid, remaining)
+                if hits is None:  # the daemon is away or the pool does not exist
+                    break
+                if hits < len(remaining):
+                    self._answer_miss(remaining[hits])
+                    remaining = remaining[hits + 1:]
+                else:
+                    remaining = []
+            # Unanswered keys: asked again if the scheduler still needs them.
+            b = self._board
+            with b.lock:
+                for k in keys:
+                    if k not in b.held and k not in b.misses:
+                        b.asked.pop(k, None)
+
+    def _hold_run(self, gid, keys):
+        """Holds the leading run of `keys` cached on every rank; the run's
+        length, or None."""
+        f = self._f
+        pks = [pk for k in keys for pk in page_keys(k, f)]
+        found = []
+        try:
+            for pool, namespace in self._placement.places(gid):
+                got = self._lookup_acquire(pool, namespace, pks)
+                if got is None:
+                    self._release_pages(gid, found)
+                    return None
+                found.append(got)
+        except errors.NotFound:  # some rank's pool does not exist (yet)
+            self._release_pages(gid, found)
+            for k in keys:
+                self._answer_miss(k)
+            return None
+        self._stats.lookups += 1
+        run = min(len(p) for p in found) // f
+        for r, pages in enumerate(found):  # give back what lies past the common run
+            if len(pages) > run * f:
+                self._release_pages(gid, [[]] * r + [pages[run * f:]])
+                del pages[run * f:]
+        b = self._board
+        duplicates = []
+        with b.lock:
+            now = time.monotonic()
+            for i, key in enumerate(keys[:run]):
+                hold = Hold(gid, [p[i * f:(i + 1) * f] for p in found])
+                if key in b.held:
+                    duplicates.append(hold)
+                    b.held[key].since = now
+                else:
+                    b.held[key] = hold
+                b.misses.pop(key, None)
+                b.asked.pop(key, None)
+        self._release(duplicates)
+        return run
+
+    def _lookup_acquire(self, pool, namespace, pks):
+        try:
+            got = self._call("Lookup", self._client.lookup, pool, namespace, pks,
+                             acquire=True)
+        except errors.ResourceExhausted:
+            # The session's references are capped: give back every hold no
+            # load claims, then once more.
+            self._release(self._idle_holds())
+            try:
+                got = self._call("Lookup", self._client.lookup, pool, namespace, pks,
+                                 acquire=True)
+            except errors.ResourceExhausted as e:
+                logger.warning("lookup of %d pages: %s; answered as a miss", len(pks), e)
+                return []
+        return None if got is None else page_list(got.pages)
+
+    def _idle_holds(self):
+        b = self._board
+        with b.lock:
+            idle = [k for k, h in b.held.items() if h.loads == 0]
+            return [b.held.pop(k) for k in idle]
+
+    def _answer_miss(self, key):
+        b = self._board
+        with b.lock:
+            b.misses[key] = time.monotonic()
+            b.asked.pop(key, None)
+
+    def _release(self, holds):
+        for hold in holds:
+            self._release_pages(hold.group, hold.pages_by_rank)
+
+    def _release_pages(self, gid, pages_by_rank):
+        for r, pages in enumerate(pages_by_rank):
+            if not pages:
+                continue
+            pool = self._placement.pool(gid, r)
+            try:
+                self._client.release(pool, page_runs(pages))
+            except errors.HostKVError as e:  # e.g. the references went with a restart
+                logger.debug("releasing %d pages of %s: %s", len(pages), pool, e)
+
+    def _confirm(self, keys):
+        by_group = {}
+        for key in keys:
+            by_group.setdefault(group_of(key), []).append(key)
+        stored = []
+        for gid, group_keys in by_group.items():
+            for key in group_keys:
+                pks = page_keys(key, self._f)
+                ok = True
+                for pool, namespace in self._placement.places(gid):
+                    try:
+                        got = self._call("Lookup", self._client.lookup, pool, namespace, pks)
+                    except (errors.NotFound, errors.ResourceExhausted):
+                        got = None
+                    if got is None or got.hits < len(pks):
+                        ok = False
+                        break
+                if ok:
+                    stored.append(key)
+        if stored:
+            with self._board.lock:
+                self._board.events.append((stored, False))
+
+    def _eviction_cursor(self, pool, namespace):
+        try:
+            return self._client.list_evictions(pool, namespace, 0, max_keys=0).next
+        except errors.HostKVError:
+            return 0
+
+    def _poll_evictions(self):
+        if not self._events:
+            return
+        now = time.monotonic()
+        if now - self._last_eviction_poll < EVICTION_POLL_SECONDS:
+            return
+        self._last_eviction_poll = now
+        removed, seen = [], set()
+        for (pool, namespace), cursor in list(self._cursors.items()):
+            while True:
+                try:
+                    got = self._call("ListEvictions", self._client.list_evictions, pool,
+                                     namespace, cursor, EVICTIONS_PER_CALL)
+                except (errors.NotFound, errors.ResourceExhausted):
+                    break
+                if got is None:
+                    return
+                cursor = self._cursors[(pool, namespace)] = got.next
+                if got.missed:
+                    logger.warning("%d evictions in pool %s left the daemon's log unread",
+                                   got.missed, pool)
+                for pk in got.keys:
+                    key = bytes(pk) if self._f == 1 else bytes(pk)[:-2]
+                    if key not in seen:
+                        seen.add(key)
+                        removed.append(key)
+                if len(got.keys) < EVICTIONS_PER_CALL:
+                    break
+        if removed:
+            with self._board.lock:
+                self._board.events.append((removed, True))

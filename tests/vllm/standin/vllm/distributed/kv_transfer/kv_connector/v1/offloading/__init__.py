@@ -1,0 +1,1 @@
+"""Stand-in of vLLM's offloading connector package (scheduler, worker, common, config)."""
