@@ -45,7 +45,7 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noq
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 NOISE = 0xEE
-MAX_STEPS = 4000
+MAX_SECONDS = 120  # a run that makes no progress for this long fails
 
 
 class Parallel:
@@ -146,6 +146,7 @@ class Instance:
         self.events = []
         self.loaded_blocks = 0
         self.steps = 0
+        self.unfinished = None
 
     def _allocate_caches(self, num_blocks):
         by_tensor, caches = {}, {}
@@ -235,9 +236,14 @@ class Instance:
 
     # -- the loop ---------------------------------------------------------------------
 
-    def run(self, requests, reset_after=None):
+    def run(self, requests, reset_after=None, before_transfers=None, max_steps=None):
         """Runs the requests to completion; returns {req_id: external hit
-        tokens}."""
+        tokens}. before_transfers(instance, meta): called each step before
+        the workers see the metadata. max_steps: stop after that many steps
+        of this call (self.unfinished then names what was left)."""
+        first_step = self.steps
+        import time  # pylint: disable=import-outside-toplevel
+        deadline = time.monotonic() + MAX_SECONDS
         waiting = list(requests)
         seen, hits_of, blocks_of = set(), {}, {}
         loading = {}      # req_id -> ranks still to report
@@ -246,8 +252,12 @@ class Instance:
         while waiting or loading or ready or done_prefill or \
                 self.sched.has_pending_push_work():
             self.steps += 1
-            if self.steps > MAX_STEPS:
-                raise AssertionError(f"no progress after {MAX_STEPS} steps: waiting "
+            if max_steps is not None and self.steps - first_step > max_steps:
+                self.unfinished = {"waiting": [r.req_id for r in waiting],
+                                   "loading": list(loading)}
+                return hits_of
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not done after {MAX_SECONDS} s: waiting "
                                      f"{[r.req_id for r in waiting]}, loading {list(loading)}")
             finished, new_ids, scheduled, to_scribble = [], [], {}, []
             for r in done_prefill:
@@ -272,6 +282,10 @@ class Instance:
                 hits, _ = self.sched.get_num_new_matched_tokens(r, 0)
                 if hits is None:
                     continue
+                need = sum(cdiv(len(r.prompt_token_ids), s.block_size)
+                           for s in self.group_specs)
+                if need > len(self.free):
+                    continue  # no room this step: it waits, as in vLLM
                 waiting.remove(r)
                 blocks, fresh = self._allocate(r, hits)
                 to_scribble += fresh
@@ -285,6 +299,8 @@ class Instance:
             meta = self.sched.build_connector_meta(
                 {rid: blocks_of[rid] for rid in scheduled}, finished_req_ids=finished,
                 new_req_ids=new_ids)
+            if before_transfers is not None:
+                before_transfers(self, meta)
             metas = []
             for w in self.workers:
                 w.handle_preemptions(meta)
@@ -308,9 +324,8 @@ class Instance:
                 self.events += list(self.sched.take_events())
             if reset_after is not None and self.steps == reset_after:
                 self.sched.reset_cache()
-            if not (scheduled or loading or ready or done_prefill) and waiting:
-                import time  # pylint: disable=import-outside-toplevel
-                time.sleep(0.002)  # deferred requests: the next step asks again
+            if not (scheduled or ready or done_prefill):
+                time.sleep(0.002)  # an idle step (vLLM's engine steps on while work is pending)
         return hits_of
 
     def close(self):

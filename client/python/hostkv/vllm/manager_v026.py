@@ -194,8 +194,11 @@ class HostkvManager(vbase.OffloadingManager):
                 for keys, removed in taken]
 
     def has_pending_work(self):
-        with self._board.lock:
-            return bool(self._board.queue or self._board.asked)
+        # Questions out (deferred requests ask again) or stored-block events
+        # still to confirm or to be taken.
+        b = self._board
+        with b.lock:
+            return bool(b.queue or b.asked or b.confirms or b.confirming or b.events)
 
     def reset_cache(self):
         # vLLM drops its jobs in flight (no complete_* will come for them)

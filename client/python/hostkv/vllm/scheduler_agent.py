@@ -66,6 +66,7 @@ class Board:
         self.away_reason = ""
         self.stopping = False
         self.reset_requested = False
+        self.confirming = False  # the agent works on confirms taken off the board
 
 
 class SchedulerAgent:
@@ -114,6 +115,7 @@ class SchedulerAgent:
                 queue, b.queue = b.queue, []
                 releases, b.releases = b.releases, []
                 confirms, b.confirms = b.confirms, []
+                b.confirming = bool(confirms)
                 if b.reset_requested:
                     b.reset_requested = False
                     releases += list(b.held.values())
@@ -126,6 +128,8 @@ class SchedulerAgent:
                     self._lookups(queue)
                 if confirms:
                     self._confirm(confirms)
+                    with b.lock:
+                        b.confirming = False
                 self._poll_evictions()
             except Exception:  # pylint: disable=broad-except
                 logger.exception("hostkv.vllm scheduler agent")
@@ -158,6 +162,8 @@ class SchedulerAgent:
     def _mark(self, away, reason):
         b = self._board
         with b.lock:
+            if b.stopping:
+                return
             if away and reason and not b.away:
                 logger.warning("hostkvd away (%s): lookups answer MISS, stores store "
                                "nothing until it answers again", reason)

@@ -97,6 +97,7 @@ class OffloadingConnectorScheduler:
         self._stale_below = 0
         self._load_jobs = {}
         self._to_flush = set()
+        self.flushed = 0  # store jobs sent in jobs_to_flush (for tests)
 
     # -- keys -----------------------------------------------------------------
 
@@ -239,6 +240,7 @@ class OffloadingConnectorScheduler:
             for job_id in st.transfer_jobs:
                 assert self._jobs[job_id].is_store, "a preempted request with a load"
                 meta.jobs_to_flush.add(job_id)
+        self.flushed += len(meta.jobs_to_flush)
         for req_id in list(scheduled) + [r for r in finished_req_ids if r not in scheduled]:
             if req_id in self._reqs:
                 self._build_store_job(self._reqs[req_id], meta)
