@@ -1,1 +1,1 @@
-"""Stand-in package (see tests/vllm/standin/README.md)."""
+"""Stand-in package (see vllm/__init__.py of tests/vllm/standin)."""
