@@ -34,7 +34,11 @@ repeat, in this order (all three see the same noise):
             loaded blocks to the forward pass), the whole run() (and the
             finishing step), and the load jobs alone, from the first
             submit_load to the last job reported done by B's workers (one
-            job per request: Lookup(acquire), Load, wait, Release).
+            job per request: Lookup(acquire), Load, wait, Release). A key
+            the scheduler holds no reference on answers RETRY at its first
+            lookup (the scheduler's agent thread asks the daemon), so the
+            run has at least one deferred step, and the miniature engine
+            sleeps 2 ms after a step in which nothing could be scheduled.
 
 Every request hits all its blocks (the prompts are whole blocks). The engine's
 test-only work is switched off in timed runs: the 0xEE scribble of fresh
@@ -42,7 +46,8 @@ blocks and the byte-for-byte check of loaded blocks (the warm-up run keeps
 both: B's first run checks every loaded byte against what A computed, and
 the fs model's copy is checked against A's KV after the timed runs). KV
 events are off (no confirm Lookups, no ListEvictions polling thread).
-Warm-up before timing: one B run with checks and one without (every KV
+All copies are single-threaded (torch.set_num_threads(1); hostkvd's
+--copy_threads default is one on 2 CPUs). Warm-up before timing: one B run with checks and one without (every KV
 block B uses faulted in by the daemon), one fs read and copy, one memcpy.
 
 What this does not show: vLLM's real fs tier (its I/O threads, staging

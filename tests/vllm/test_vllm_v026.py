@@ -56,79 +56,63 @@ def test_an_older_base_api_is_refused_with_the_versions(tmp_path):
     assert "v0.26 and later" in out.stderr
 
 
-def test_two_instances_tp2_hybrid_share_blocks_byte_exact_across_a_restart():
-    d = Daemon()
-    try:
-        a = E.Instance(d.target, HYBRID, tp=2, engine_id="a")
-        assert a.run(requests("a", 3)) == {"a0": 0, "a1": 0, "a2": 0}
-        a.close()
-        d.kill()       # kill -9 between the two instances: the pool stays
-        d.restart()
-        b = E.Instance(d.target, HYBRID, tp=2, engine_id="b")
-        hits = b.run(requests("b", 3))
-        # 6 chunks of 16 tokens; one token is left to compute (sliding window)
-        assert hits == {"b0": 96, "b1": 96, "b2": 96}
-        # full attention: 6 blocks, sliding window 32: the last 2 blocks
-        assert b.loaded_blocks == 3 * (6 + 2)
-        b.close()
-    finally:
-        d.stop()
+def test_two_instances_tp2_hybrid_share_blocks_byte_exact_across_a_restart(daemon):
+    a = E.Instance(daemon.target, HYBRID, tp=2, engine_id="a")
+    assert a.run(requests("a", 3)) == {"a0": 0, "a1": 0, "a2": 0}
+    a.close()
+    daemon.kill()       # kill -9 between the two instances: the pool stays
+    daemon.restart()
+    b = E.Instance(daemon.target, HYBRID, tp=2, engine_id="b")
+    hits = b.run(requests("b", 3))
+    # 6 chunks of 16 tokens; one token is left to compute (sliding window)
+    assert hits == {"b0": 96, "b1": 96, "b2": 96}
+    # full attention: 6 blocks, sliding window 32: the last 2 blocks
+    assert b.loaded_blocks == 3 * (6 + 2)
+    b.close()
 
 
-def test_groups_of_different_block_sizes_and_chunks_of_two_blocks():
-    d = Daemon()
-    try:
-        specs = [E.full(block=16), E.sliding(64, block=32)]
-        extra = {"blocks_per_chunk": 2}
-        a = E.Instance(d.target, specs, extra=extra, engine_id="a", num_blocks=96)
-        a.run(requests("a", 2, blocks=8))
-        a.close()
-        b = E.Instance(d.target, specs, extra=extra, engine_id="b", num_blocks=96)
-        hits = b.run(requests("b", 2, blocks=8))
-        # chunks: 32 tokens (group 0), 64 tokens (group 1); 129 prompt tokens,
-        # the last one computed
-        assert all(h == 128 for h in hits.values()), hits
-        assert b.loaded_blocks > 0
-        b.close()
-    finally:
-        d.stop()
+def test_groups_of_different_block_sizes_and_chunks_of_two_blocks(daemon):
+    specs = [E.full(block=16), E.sliding(64, block=32)]
+    extra = {"blocks_per_chunk": 2}
+    a = E.Instance(daemon.target, specs, extra=extra, engine_id="a", num_blocks=96)
+    a.run(requests("a", 2, blocks=8))
+    a.close()
+    b = E.Instance(daemon.target, specs, extra=extra, engine_id="b", num_blocks=96)
+    hits = b.run(requests("b", 2, blocks=8))
+    # chunks: 32 tokens (group 0), 64 tokens (group 1); 129 prompt tokens,
+    # the last one computed
+    assert all(h == 128 for h in hits.values()), hits
+    assert b.loaded_blocks > 0
+    b.close()
 
 
-def test_data_parallel_replicas_share_and_report_kv_events():
-    d = Daemon()
-    try:
-        r0 = E.Instance(d.target, HYBRID, engine_id="e-dp0", dp_index=0, dp_size=2)
-        r1 = E.Instance(d.target, HYBRID, engine_id="e-dp1", dp_index=1, dp_size=2)
-        r0.run(requests("x", 2))
-        stored = [e for e in r0.events if type(e).__name__ == "BlockStored"]
-        # 6 full-attention chunks and 6 sliding-window ones per request (its
-        # blocks are all allocated while the prompt is computed)
-        assert len(stored) == 2 * 12
-        assert {e.medium for e in stored} == {"CPU"}
-        assert {e.group_idx for e in stored} == {0, 1}
-        hits = r1.run(requests("y", 2))
-        assert set(hits.values()) == {96}
-        for inst in (r0, r1):
-            inst.close()
-    finally:
-        d.stop()
-
-
-def test_evictions_are_reported_as_removed_blocks():
-    d = Daemon()
-    try:
-        # a pool of ~16 blocks per group: the third request evicts
-        inst = E.Instance(d.target, [E.full()], extra={"cpu_bytes_to_use": 16 * 2048},
-                          engine_id="small")
-        inst.run(requests("p", 4, blocks=6))
-        time.sleep(0.2)
-        inst.run([])  # a step or two more for the agent's eviction poll
-        inst.run(requests("q", 1, blocks=1, first=9000))
-        removed = [e for e in inst.events if type(e).__name__ == "BlockRemoved"]
-        assert removed and all(e.medium == "CPU" for e in removed)
+def test_data_parallel_replicas_share_and_report_kv_events(daemon):
+    r0 = E.Instance(daemon.target, HYBRID, engine_id="e-dp0", dp_index=0, dp_size=2)
+    r1 = E.Instance(daemon.target, HYBRID, engine_id="e-dp1", dp_index=1, dp_size=2)
+    r0.run(requests("x", 2))
+    stored = [e for e in r0.events if type(e).__name__ == "BlockStored"]
+    # 6 full-attention chunks and 6 sliding-window ones per request (its
+    # blocks are all allocated while the prompt is computed)
+    assert len(stored) == 2 * 12
+    assert {e.medium for e in stored} == {"CPU"}
+    assert {e.group_idx for e in stored} == {0, 1}
+    hits = r1.run(requests("y", 2))
+    assert set(hits.values()) == {96}
+    for inst in (r0, r1):
         inst.close()
-    finally:
-        d.stop()
+
+
+def test_evictions_are_reported_as_removed_blocks(daemon):
+    # a pool of ~16 blocks per group: the third request evicts
+    inst = E.Instance(daemon.target, [E.full()], extra={"cpu_bytes_to_use": 16 * 2048},
+                      engine_id="small")
+    inst.run(requests("p", 4, blocks=6))
+    time.sleep(0.2)
+    inst.run([])  # a step or two more for the agent's eviction poll
+    inst.run(requests("q", 1, blocks=1, first=9000))
+    removed = [e for e in inst.events if type(e).__name__ == "BlockRemoved"]
+    assert removed and all(e.medium == "CPU" for e in removed)
+    inst.close()
 
 
 def _lookup_timing(manager, key, rounds=100):
@@ -141,24 +125,21 @@ def _lookup_timing(manager, key, rounds=100):
     return worst, results
 
 
-def test_the_scheduler_never_waits_on_a_hung_daemon_and_nothing_fails():
-    d = Daemon()
+def test_the_scheduler_never_waits_on_a_hung_daemon_and_nothing_fails(daemon):
+    inst = E.Instance(daemon.target, HYBRID, engine_id="h")
+    inst.run(requests("h", 1))
+    os.kill(daemon.process.pid, signal.SIGSTOP)  # hostkvd answers nothing
     try:
-        inst = E.Instance(d.target, HYBRID, engine_id="h")
-        inst.run(requests("h", 1))
-        os.kill(d.process.pid, signal.SIGSTOP)  # hostkvd answers nothing
-        try:
-            key = make_offload_key(b"\x07" * 32, 0)
-            worst, results = _lookup_timing(inst.sched.manager, key)
-            assert worst < 0.05, f"a lookup took {worst:.3f} s"
-            # RETRY while the agent's question is out, then MISS (retry_for)
-            assert results <= {LookupResult.RETRY, LookupResult.MISS}
-            assert LookupResult.MISS in results
-        finally:
-            os.kill(d.process.pid, signal.SIGCONT)
-        inst.close()
+        key = make_offload_key(b"\x07" * 32, 0)
+        worst, results = _lookup_timing(inst.sched.manager, key)
+        # microseconds normally; the bound leaves room for a loaded CI machine
+        assert worst < 0.25, f"a lookup took {worst:.3f} s"
+        # RETRY while the agent's question is out, then MISS (retry_for)
+        assert results <= {LookupResult.RETRY, LookupResult.MISS}
+        assert LookupResult.MISS in results
     finally:
-        d.stop()
+        os.kill(daemon.process.pid, signal.SIGCONT)
+    inst.close()
 
 
 def test_with_hostkvd_dead_requests_still_run_and_stores_store_nothing(monkeypatch):
@@ -199,86 +180,70 @@ def test_a_full_pool_of_referenced_blocks_stores_nothing_and_runs_on():
         d.stop()
 
 
-def test_a_load_whose_blocks_are_gone_is_never_reported_done():
-    d = Daemon()
-    try:
-        a = E.Instance(d.target, HYBRID, engine_id="a")
-        a.run(requests("a", 1))
-        a.close()
-        b = E.Instance(d.target, HYBRID, engine_id="b")
+def test_a_load_whose_blocks_are_gone_is_never_reported_done(daemon):
+    a = E.Instance(daemon.target, HYBRID, engine_id="a")
+    a.run(requests("a", 1))
+    a.close()
+    b = E.Instance(daemon.target, HYBRID, engine_id="b")
 
-        def lose_state(inst, meta):
-            if meta.load_jobs:
-                d.kill()
-                d.restart("--discard_state")  # every page and key gone
+    def lose_state(inst, meta):
+        if meta.load_jobs:
+            daemon.kill()
+            daemon.restart("--discard_state")  # every page and key gone
 
-        b.run(requests("b", 1), before_transfers=lose_state, max_steps=200)
-        # The load waits (logged) rather than report blocks that never came.
-        assert b.unfinished["loading"] == ["b0"]
-        assert b.loaded_blocks == 0
-        b.close()
-    finally:
-        d.stop()
+    b.run(requests("b", 1), before_transfers=lose_state, max_steps=200)
+    # The load waits (logged) rather than report blocks that never came.
+    assert b.unfinished["loading"] == ["b0"]
+    assert b.loaded_blocks == 0
+    b.close()
 
 
-def test_fenced_stores_are_waited_for_before_their_blocks_are_reused():
-    d = Daemon()
-    try:
-        # 20 GPU blocks: each request's blocks are reused by the next one
-        # while its deferred stores may still be in flight.
-        a = E.Instance(d.target, [E.full()], engine_id="a", num_blocks=20)
-        a.run(requests("a", 6, blocks=6))
-        assert a.sched.flushed > 0
-        a.close()
-        b = E.Instance(d.target, [E.full()], engine_id="b", num_blocks=20)
-        hits = b.run(requests("b", 6, blocks=6))
-        assert all(h == 96 for h in hits.values()), hits
-        assert b.loaded_blocks == 6 * 6
-        b.close()
-    finally:
-        d.stop()
+def test_fenced_stores_are_waited_for_before_their_blocks_are_reused(daemon):
+    # 20 GPU blocks: each request's blocks are reused by the next one
+    # while its deferred stores may still be in flight.
+    a = E.Instance(daemon.target, [E.full()], engine_id="a", num_blocks=20)
+    a.run(requests("a", 6, blocks=6))
+    assert a.sched.flushed > 0
+    a.close()
+    b = E.Instance(daemon.target, [E.full()], engine_id="b", num_blocks=20)
+    hits = b.run(requests("b", 6, blocks=6))
+    assert all(h == 96 for h in hits.values()), hits
+    assert b.loaded_blocks == 6 * 6
+    b.close()
 
 
-def test_reset_cache_gives_back_the_schedulers_references():
-    d = Daemon()
-    try:
-        a = E.Instance(d.target, [E.full()], engine_id="a")
-        a.run(requests("a", 1))
-        b = E.Instance(d.target, [E.full()], engine_id="b",
-                       extra={"hostkv_hold_seconds": 60})
-        b.run(requests("b", 1))
-        board = b.sched.manager._board
-        assert board.held  # held after the load, for hold_seconds
-        b.sched.reset_cache()
-        deadline = time.monotonic() + 5
-        while board.held and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not board.held
-        assert b.run(requests("c", 1)) == {"c0": 96}  # still served after the reset
-        a.close()
-        b.close()
-    finally:
-        d.stop()
+def test_reset_cache_gives_back_the_schedulers_references(daemon):
+    a = E.Instance(daemon.target, [E.full()], engine_id="a")
+    a.run(requests("a", 1))
+    b = E.Instance(daemon.target, [E.full()], engine_id="b",
+                   extra={"hostkv_hold_seconds": 60})
+    b.run(requests("b", 1))
+    board = b.sched.manager._board
+    assert board.held  # held after the load, for hold_seconds
+    b.sched.reset_cache()
+    deadline = time.monotonic() + 5
+    while board.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not board.held
+    assert b.run(requests("c", 1)) == {"c0": 96}  # still served after the reset
+    a.close()
+    b.close()
 
 
-def test_kv_caches_hostkv_cannot_copy_are_refused_at_start():
-    d = Daemon()
-    try:
-        inst = E.Instance(d.target, [E.full()], engine_id="a")
-        spec = inst.workers[0].spec
-        a = torch.zeros((8, 64), dtype=torch.int8)
-        b = torch.zeros((8, 128), dtype=torch.int8)
-        mixed = CanonicalKVCaches([CanonicalKVCacheTensor(a, 64), CanonicalKVCacheTensor(b, 128)],
-                                  [[CanonicalKVCacheRef(0, 64), CanonicalKVCacheRef(1, 128)]])
-        with pytest.raises(errors.InvalidArgument, match="different page sizes"):
-            spec.get_worker(mixed)
-        strided = torch.zeros((8, 128), dtype=torch.int8)[:, :64]
-        with pytest.raises(errors.InvalidArgument, match="apart"):
-            spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(strided, 64)],
-                                              [[CanonicalKVCacheRef(0, 64)]]))
-        inst.close()
-    finally:
-        d.stop()
+def test_kv_caches_hostkv_cannot_copy_are_refused_at_start(daemon):
+    inst = E.Instance(daemon.target, [E.full()], engine_id="a")
+    spec = inst.workers[0].spec
+    a = torch.zeros((8, 64), dtype=torch.int8)
+    b = torch.zeros((8, 128), dtype=torch.int8)
+    mixed = CanonicalKVCaches([CanonicalKVCacheTensor(a, 64), CanonicalKVCacheTensor(b, 128)],
+                              [[CanonicalKVCacheRef(0, 64), CanonicalKVCacheRef(1, 128)]])
+    with pytest.raises(errors.InvalidArgument, match="different page sizes"):
+        spec.get_worker(mixed)
+    strided = torch.zeros((8, 128), dtype=torch.int8)[:, :64]
+    with pytest.raises(errors.InvalidArgument, match="apart"):
+        spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(strided, 64)],
+                                          [[CanonicalKVCacheRef(0, 64)]]))
+    inst.close()
 
 
 def test_a_job_is_split_per_group_as_vllms_worker_reads_it():

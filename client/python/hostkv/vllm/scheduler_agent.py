@@ -278,27 +278,42 @@ class SchedulerAgent:
                 logger.debug("releasing %d pages of %s: %s", len(pages), pool, e)
 
     def _confirm(self, keys):
+        """Keys of completed stores found on every rank -> a "stored" event.
+        A job's keys of one group are consecutive chunks: one Lookup per
+        rank answers a run; after a key that is missing, the rest is asked
+        as a run of its own."""
         by_group = {}
         for key in keys:
             by_group.setdefault(group_of(key), []).append(key)
         stored = []
-        for gid, group_keys in by_group.items():
-            for key in group_keys:
-                pks = page_keys(key, self._f)
-                ok = True
-                for pool, namespace in self._placement.places(gid):
-                    try:
-                        got = self._call("Lookup", self._client.lookup, pool, namespace, pks)
-                    except (errors.NotFound, errors.ResourceExhausted):
-                        got = None
-                    if got is None or got.hits < len(pks):
-                        ok = False
-                        break
-                if ok:
-                    stored.append(key)
+        for gid, remaining in by_group.items():
+            calls = 0
+            while remaining and calls < MAX_CALLS:
+                calls += 1
+                run = self._cached_run(gid, remaining)
+                if run is None:
+                    break
+                stored += remaining[:run]
+                remaining = remaining[run + 1:]
         if stored:
             with self._board.lock:
                 self._board.events.append((stored, False))
+
+    def _cached_run(self, gid, keys):
+        """How many keys, from the first, are cached on every rank (no
+        references taken); None if the daemon did not answer."""
+        f = self._f
+        pks = [pk for k in keys for pk in page_keys(k, f)]
+        run = len(keys)
+        for pool, namespace in self._placement.places(gid):
+            try:
+                got = self._call("Lookup", self._client.lookup, pool, namespace, pks)
+            except (errors.NotFound, errors.ResourceExhausted):
+                return 0
+            if got is None:
+                return None
+            run = min(run, got.hits // f)
+        return run
 
     def _eviction_cursor(self, pool, namespace):
         try:

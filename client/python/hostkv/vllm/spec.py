@@ -29,18 +29,18 @@ constructor signatures are served: spec_cls(vllm_config, kv_cache_config)
 """
 import inspect
 import logging
-import os
 
 import torch
 
 from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
 from vllm.v1.kv_offload.spec import OffloadingSpec
 
-from .. import blocks_pool_spec, errors
+from .. import errors
 from ..client import Client
 from .blocks import check_tensors
 from .handlers import HostkvLoadHandler, HostkvStoreHandler, RankStore
 from .manager import HostkvOffloadingManager
+from .registration import attach_blocks_pool, register_tensors, warn_if_hashes_unseeded
 from .mediums import HostkvLoadStoreSpec
 from .naming import InstanceLayout
 
@@ -100,12 +100,7 @@ class HostkvOffloadingSpec(OffloadingSpec):
 
     def get_manager(self):
         if self._manager is None:
-            if not os.environ.get("PYTHONHASHSEED"):
-                logger.warning(
-                    "PYTHONHASHSEED is not set: vLLM's block hashes start from a random "
-                    "seed in each process, so no other instance (and no restart of this "
-                    "one) will find the blocks this one offloads. Set PYTHONHASHSEED to "
-                    "the same value for every instance that should share them.")
+            warn_if_hashes_unseeded()
             events = self.vllm_config.kv_events_config
             client = Client(self._target, client_name="vllm-scheduler")
             self._manager = HostkvOffloadingManager(
@@ -129,19 +124,9 @@ class HostkvOffloadingSpec(OffloadingSpec):
         namespace = self._layout.namespace(rank)
         client = Client(self._target, client_name=f"vllm-worker-r{rank}")
         try:
-            self._attach_pool(client, pool, len(tensors), block_bytes)
-            signals = None
-            if tensors[0].device.type == "cuda":
-                from .. import cuda as hkc  # pylint: disable=import-outside-toplevel
-                signals = hkc.GpuSignals(len(tensors), tensors[0].device)
-                buffers = [hkc.export_cuda(t) for t in tensors]
-                import_id = client.register_device_buffers(pool, num_blocks, buffers,
-                                                           gpu_signals=signals.buffer)
-                signals.attach_kv_word(client, import_id)
-            else:
-                from .. import torch as hkt  # pylint: disable=import-outside-toplevel
-                buffers = [hkt.describe(client, t) for t in tensors]
-                import_id = client.register_device_buffers(pool, num_blocks, buffers)
+            attach_blocks_pool(client, pool, len(tensors), block_bytes, self._factor,
+                               self._capacity_per_rank)
+            import_id, signals = register_tensors(client, pool, num_blocks, tensors)
         except BaseException:
             client.close()
             raise
@@ -151,27 +136,6 @@ class HostkvOffloadingSpec(OffloadingSpec):
                           len(tensors), self._factor, signals)
         yield GPULoadStoreSpec, HostkvLoadStoreSpec, HostkvStoreHandler(store)
         yield HostkvLoadStoreSpec, GPULoadStoreSpec, HostkvLoadHandler(store)
-
-    def _attach_pool(self, client, pool, num_tensors, block_bytes):
-        spec = blocks_pool_spec(pool, num_tensors, block_bytes, page_size=self._factor,
-                                capacity_bytes=self._capacity_per_rank)
-        try:
-            client.create_pool(spec, attach_if_exists=True)
-            return
-        except errors.AlreadyExists:
-            pass
-        # Made by another instance with another capacity: use it if its
-        # blocks are ours.
-        have = client.get_pool(pool).spec
-        b = have.geometry.blocks
-        if not have.geometry.HasField("blocks") or (b.num_tensors, b.block_bytes,
-                                                     have.page_size) != (
-                num_tensors, block_bytes, self._factor):
-            raise errors.AlreadyExists(
-                f"pool {pool} exists with another geometry ({have.geometry}, page_size "
-                f"{have.page_size}); this worker has {num_tensors} tensors of {block_bytes}-byte "
-                f"blocks, {self._factor} per offloaded block")
-        logger.info("pool %s exists with another capacity; using it as it is", pool)
 
     def _canonical_tensors(self, kv_caches):
         groups = getattr(self.kv_cache_config, "kv_cache_groups", None)

@@ -13,14 +13,14 @@ get_worker (each worker, once its KV caches exist) open the hostkv
 sessions.
 """
 import logging
-import os
 
 from vllm.v1.kv_offload import base as vbase
 
-from .. import blocks_pool_spec, errors
+from .. import errors
 from ..client import Client
 from .manager_v026 import HostkvManager
 from .placement import GroupPlacement
+from .registration import attach_blocks_pool, register_tensors, warn_if_hashes_unseeded
 from .worker_v026 import GroupBuffers, HostkvWorker
 
 logger = logging.getLogger("hostkv.vllm")
@@ -55,12 +55,7 @@ class HostkvOffloadingSpec(vbase.OffloadingSpec):
 
     def get_manager(self):
         if self._manager is None:
-            if not os.environ.get("PYTHONHASHSEED"):
-                logger.warning(
-                    "PYTHONHASHSEED is not set: vLLM's block hashes start from a random "
-                    "seed in each process, so no other instance (and no restart of this "
-                    "one) will find the blocks this one offloads. Set PYTHONHASHSEED to "
-                    "the same value for every instance that should share them.")
+            warn_if_hashes_unseeded()
             client = Client(self._target, client_name=f"vllm-{self._engine_id}-scheduler")
             self._manager = HostkvManager(
                 client, self._placement, self.blocks_per_chunk,
@@ -102,19 +97,8 @@ class HostkvOffloadingSpec(vbase.OffloadingSpec):
     def _register_group(self, client, gid, rank, tensors, row, num_blocks, capacity):
         pool = self._placement.pool(gid, rank)
         namespace = self._placement.namespace(gid, rank)
-        _attach_pool(client, pool, len(tensors), row, capacity)
-        signals = None
-        if tensors[0].device.type == "cuda":
-            from .. import cuda as hkc  # pylint: disable=import-outside-toplevel
-            signals = hkc.GpuSignals(len(tensors), tensors[0].device)
-            described = [hkc.export_cuda(t) for t in tensors]
-            import_id = client.register_device_buffers(pool, num_blocks, described,
-                                                       gpu_signals=signals.buffer)
-            signals.attach_kv_word(client, import_id)
-        else:
-            from .. import torch as hkt  # pylint: disable=import-outside-toplevel
-            described = [hkt.describe(client, t) for t in tensors]
-            import_id = client.register_device_buffers(pool, num_blocks, described)
+        attach_blocks_pool(client, pool, len(tensors), row, 1, capacity)
+        import_id, signals = register_tensors(client, pool, num_blocks, tensors)
         return GroupBuffers(gid, pool, namespace, import_id, row * len(tensors), signals)
 
 
@@ -168,20 +152,3 @@ def _group_tensors(kv_caches, num_groups):
     if len(devices) > 1:
         raise errors.InvalidArgument(f"KV tensors on several devices: {sorted(devices)}")
     return out
-
-
-def _attach_pool(client, pool, num_tensors, row, capacity):
-    spec = blocks_pool_spec(pool, num_tensors, row, page_size=1, capacity_bytes=capacity)
-    try:
-        client.create_pool(spec, attach_if_exists=True)
-        return
-    except errors.AlreadyExists:
-        pass
-    have = client.get_pool(pool).spec
-    b = have.geometry.blocks
-    if not have.geometry.HasField("blocks") or (b.num_tensors, b.block_bytes,
-                                                 have.page_size) != (num_tensors, row, 1):
-        raise errors.AlreadyExists(
-            f"pool {pool} exists with another geometry ({have.geometry}, page_size "
-            f"{have.page_size}); this worker has {num_tensors} tensors of {row}-byte blocks")
-    logger.info("pool %s exists with another capacity; using it as it is", pool)

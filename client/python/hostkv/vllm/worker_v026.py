@@ -264,5 +264,3 @@ class HostkvWorker(vbase.OffloadingWorker):
                         logger.debug("release after load: %s", e)
         job.bytes = sum(len(run.block_ids) * g.row_bytes for (g, _), run in zip(held, runs))
         return True
-def group_page_runs(pages):
-    return page_runs(pages)
