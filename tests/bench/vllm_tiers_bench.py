@@ -40,15 +40,20 @@ repeat, in this order (all three see the same noise):
             run has at least one deferred step, and the miniature engine
             sleeps 2 ms after a step in which nothing could be scheduled.
 
-Every request hits all its blocks (the prompts are whole blocks). The engine's
-test-only work is switched off in timed runs: the 0xEE scribble of fresh
-blocks and the byte-for-byte check of loaded blocks (the warm-up run keeps
-both: B's first run checks every loaded byte against what A computed, and
-the fs model's copy is checked against A's KV after the timed runs). KV
-events are off (no confirm Lookups, no ListEvictions polling thread).
-All copies are single-threaded (torch.set_num_threads(1); hostkvd's
---copy_threads default is one on 2 CPUs). Warm-up before timing: one B run with checks and one without (every KV
-block B uses faulted in by the daemon), one fs read and copy, one memcpy.
+Every request hits all its blocks (the prompts are whole blocks). The
+engine's test-only work is switched off in timed runs: the scribble of
+fresh blocks (as engine.py writes it, `t[ids].fill_()` fills a gathered
+copy, so it costs a gather of every fresh block and changes nothing) and
+the byte-for-byte check of loaded blocks. The warm-up keeps both: B's
+first run checks every loaded byte against what A computed, and the fs
+model's warm-up copy is checked against A's KV. KV events are off (no
+confirm Lookups, no ListEvictions polling thread). All copies are
+single-threaded (torch.set_num_threads(1); hostkvd's --copy_threads default
+is one on 2 CPUs); with --tp > 1 the memcpy and fs ranks run in parallel
+threads, the daemon still copies on its one thread. Warm-up before timing:
+one B run with checks and one without (every KV block B uses faulted in by
+the daemon), one fs read and copy, one memcpy. Ratios are median / median
+of the memcpy row.
 
 What this does not show: vLLM's real fs tier (its I/O threads, staging
 buffers, file naming and atomic writes are not modelled; this is its best
@@ -113,10 +118,6 @@ def runs_of(ids):
     return [tuple(r) for r in out]
 
 
-def median_ms(values):
-    return statistics.median(values) * 1e3
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blocks", type=int, default=256, help="KV blocks hit (N)")
@@ -136,6 +137,9 @@ def main():
                           os.path.join(args.build_dir, "client", "python", "hostkv_proto"))
     hostkvd = os.environ.get("HOSTKVD") or os.path.join(args.build_dir, "server", "hostkvd")
     logging.basicConfig(level=logging.WARNING)
+    # Each repeat's reset_cache() is the bench's own doing: not worth a warning.
+    logging.getLogger("hostkv.vllm").addFilter(
+        lambda record: not record.getMessage().startswith("reset_cache"))
 
     # pylint: disable=import-outside-toplevel
     import torch

@@ -230,9 +230,13 @@ class Instance:
         return blocks, fresh
 
     def _scribble(self, block_ids):
+        if not block_ids:
+            return
+        ids = torch.tensor(block_ids, dtype=torch.long)
         for rank in range(self.tp):
             for name in self.caches[rank]:
-                self.caches[rank][name].view(torch.uint8)[block_ids].fill_(NOISE)
+                # index_fill_ writes in place (a [ids] index would fill a copy)
+                self.caches[rank][name].view(torch.uint8).index_fill_(0, ids, NOISE)
 
     # -- the loop ---------------------------------------------------------------------
 

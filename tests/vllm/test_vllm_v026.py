@@ -156,6 +156,51 @@ def test_with_hostkvd_dead_requests_still_run_and_stores_store_nothing(monkeypat
         d.stop()
 
 
+def test_held_blocks_are_misses_while_hostkvd_is_away(monkeypatch):
+    monkeypatch.setenv("HOSTKV_RECONNECT_TIMEOUT", "1")
+    d = Daemon()
+    try:
+        a = E.Instance(d.target, HYBRID, engine_id="a")
+        a.run(requests("a", 1))
+        b = E.Instance(d.target, HYBRID, engine_id="b", extra={"hostkv_hold_seconds": 60})
+        assert b.run(requests("b", 1)) == {"b0": 96}
+        assert b.sched.manager._board.held  # still held for 60 s
+        d.kill()
+        time.sleep(0.5)  # the sessions' sockets hang up: the clients know
+        # The same prefix again: computed (a miss), never a load that
+        # cannot come.
+        assert b.run(requests("c", 1), max_steps=5000) == {"c0": 0}
+        assert b.unfinished is None
+        d.restart()
+        b.close()
+        a.close()
+    finally:
+        d.stop()
+
+
+def test_a_daemon_that_lost_the_sessions_is_used_again_with_new_ones(daemon):
+    a = E.Instance(daemon.target, HYBRID, engine_id="a")
+    a.run(requests("a", 1))
+    daemon.kill()
+    daemon.restart("--discard_state")  # no pool, no session of the instance
+    # The first requests miss and store nothing while the sessions are
+    # replaced; then stores work again and a second instance hits.
+    deadline = time.monotonic() + 30
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        a.run(requests(f"r{n}-", 1, first=20000 + 1000 * n))
+        b = E.Instance(daemon.target, HYBRID, engine_id=f"b{n}")
+        hits = b.run(requests(f"s{n}-", 1, first=20000 + 1000 * n))
+        b.close()
+        if hits == {f"s{n}-0": 96}:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("the instance never stored again after the daemon lost it")
+    a.close()
+
+
 def test_a_full_pool_of_referenced_blocks_stores_nothing_and_runs_on():
     d = Daemon("--max_cache_refs_per_session=100000")
     try:

@@ -66,17 +66,18 @@ class ManagerStats:
 
 class HostkvManager(vbase.OffloadingManager):
     def __init__(self, client, placement, blocks_per_chunk, events=False, hold_seconds=5.0,
-                 miss_ttl=1.0, retry_for=0.5):
-        self._client = client
+                 miss_ttl=1.0, retry_for=0.5, connect=None):
         self._placement = placement
         self._events_on = bool(events)
         self._miss_ttl = float(miss_ttl)
         self._retry_for = float(retry_for)
         self._board = Board()
         self._storing = {}  # key -> stores of it in flight
+        self._counted = {}  # frozenset(job keys) -> [keys whose hold prepare_load counted]
         self.stats = ManagerStats()
         self._agent = SchedulerAgent(client, placement, blocks_per_chunk, self._board,
-                                     self._events_on, hold_seconds, self.stats)
+                                     self._events_on, hold_seconds, self.stats,
+                                     miss_ttl=miss_ttl, connect=connect)
         self._agent.start()
 
     # -- lookups and loads ---------------------------------------------
@@ -85,25 +86,30 @@ class HostkvManager(vbase.OffloadingManager):
         key = bytes(key)
         b = self._board
         now = time.monotonic()
+        away = self._agent.daemon_away()
         with b.lock:
             if key in self._storing:
                 self.stats.pending += 1
                 return vbase.LookupResult.HIT_PENDING
-            hold = b.held.get(key)
-            if hold is not None:
-                hold.since = now
-                self.stats.hits += 1
-                return vbase.LookupResult.HIT
-            missed = b.misses.get(key)
-            if missed is not None and now - missed < self._miss_ttl:
-                self.stats.misses += 1
-                return vbase.LookupResult.MISS
+            away = away or b.away
+            if not away:  # while hostkvd is away nothing held is sure to load
+                hold = b.held.get(key)
+                if hold is not None:
+                    hold.since = now
+                    self.stats.hits += 1
+                    return vbase.LookupResult.HIT
+                missed = b.misses.get(key)
+                if missed is not None and now - missed < self._miss_ttl:
+                    self.stats.misses += 1
+                    return vbase.LookupResult.MISS
             asked = b.asked.get(key)
-            if asked is None:
+            expired = asked is not None and now - asked > self._retry_for
+            if asked is None or expired:
+                # Ask (again): this also probes a daemon that was away.
                 b.asked[key] = now
                 b.queue.append(key)
                 b.wake.notify()
-            if b.away or (asked is not None and now - asked > self._retry_for):
+            if away or expired:
                 self.stats.misses += 1
                 return vbase.LookupResult.MISS
             self.stats.retries += 1
@@ -119,18 +125,18 @@ class HostkvManager(vbase.OffloadingManager):
         keys = [bytes(k) for k in keys]
         b = self._board
         with b.lock:
-            missing = 0
+            counted = []
             for k in keys:
                 hold = b.held.get(k)
-                if hold is None:
-                    missing += 1
-                else:
+                if hold is not None:
                     hold.loads += 1
-        if missing:
+                    counted.append(k)
+            self._counted.setdefault(frozenset(keys), []).append(counted)
+        if len(counted) < len(keys):
             # Not after a HIT of the same step: the workers look the keys
             # up themselves and hold the load until they find them.
             logger.error("prepare_load: %d of %d keys are not held (no HIT before?)",
-                         missing, len(keys))
+                         len(keys) - len(counted), len(keys))
         return HostkvBlocks(keys)
 
     def touch(self, keys, req_context):
@@ -140,8 +146,14 @@ class HostkvManager(vbase.OffloadingManager):
         b = self._board
         now = time.monotonic()
         with b.lock:
-            for k in keys:
-                hold = b.held.get(bytes(k))
+            jobs = self._counted.get(frozenset(bytes(k) for k in keys))
+            if not jobs:
+                return
+            counted = jobs.pop(0)
+            if not jobs:
+                del self._counted[frozenset(bytes(k) for k in keys)]
+            for k in counted:
+                hold = b.held.get(k)
                 if hold is not None and hold.loads > 0:
                     hold.loads -= 1
                     hold.since = now  # released after hold_seconds unless asked again
@@ -151,8 +163,9 @@ class HostkvManager(vbase.OffloadingManager):
     def prepare_store(self, keys, req_context):
         keys = [bytes(k) for k in keys]
         b = self._board
+        away = self._agent.daemon_away()
         with b.lock:
-            if b.away:
+            if away or b.away:
                 self.stats.stores_refused += 1
                 return None
             to_store = [k for k in keys if k not in b.held and k not in self._storing]
@@ -203,8 +216,12 @@ class HostkvManager(vbase.OffloadingManager):
     def reset_cache(self):
         # vLLM drops its jobs in flight (no complete_* will come for them)
         # and stores its requests again from their first chunk.
+        logger.warning("reset_cache: this instance forgets its lookups and references; the "
+                       "blocks stay in hostkvd's shared pool for other instances. After new "
+                       "weights, change hostkv_namespace so that old KV is never served.")
         with self._board.lock:
             self._storing.clear()
+            self._counted.clear()
             self._board.reset_requested = True
             self._board.asked.clear()
             self._board.queue.clear()
@@ -219,6 +236,6 @@ class HostkvManager(vbase.OffloadingManager):
     def shutdown(self):
         """Gives back every reference and closes the session."""
         self._agent.stop()
-        self._client.close()
+        self._agent.close_client()
 
     close = shutdown

@@ -33,6 +33,8 @@ from .chunks import group_of, page_keys
 logger = logging.getLogger("hostkv.vllm")
 
 MAX_CALLS = 16          # Lookup runs per group per round
+DELAYED_RELEASE_SECONDS = 60.0
+RECONNECT_SECONDS = 5.0
 EVICTIONS_PER_CALL = 2048
 EVICTION_POLL_SECONDS = 0.05
 
@@ -71,7 +73,7 @@ class Board:
 
 class SchedulerAgent:
     def __init__(self, client, placement, blocks_per_chunk, board, events, hold_seconds,
-                 stats):
+                 stats, miss_ttl=1.0, connect=None):
         self._client = client
         self._placement = placement
         self._f = int(blocks_per_chunk)
@@ -79,17 +81,30 @@ class SchedulerAgent:
         self._events = bool(events)
         self._hold_seconds = float(hold_seconds)
         self._stats = stats
-        self._cursors = {}  # (pool, namespace) -> ListEvictions cursor
+        self._cursors = {}  # (pool, namespace) -> ListEvictions cursor (None: not read yet)
+        self._retry = []    # Holds whose release failed while hostkvd was away
+        self._delayed = []  # (when, Hold): references a reset gives back later
+        self._connect = connect
+        self._last_connect = 0.0
+        self._miss_ttl = float(miss_ttl)
         self._last_eviction_poll = 0.0
         self._thread = threading.Thread(target=self._run, name="hostkv-vllm-scheduler",
                                         daemon=True)
 
     def start(self):
-        if self._events:
+        if self._events:  # read on the agent's thread: "from now on" once each pool exists
             for gid in self._placement.group_ids:
                 for place in self._placement.places(gid):
-                    self._cursors[place] = self._eviction_cursor(*place)
+                    self._cursors[place] = None
         self._thread.start()
+
+    def daemon_away(self):
+        """Whether the last contact with hostkvd failed (no call made)."""
+        c = self._client
+        return bool(c.daemon_away or c.session_lost)
+
+    def close_client(self):
+        self._client.close()
 
     def stop(self):
         b = self._board
@@ -118,11 +133,25 @@ class SchedulerAgent:
                 b.confirming = bool(confirms)
                 if b.reset_requested:
                     b.reset_requested = False
-                    releases += list(b.held.values())
+                    # Holds a load still counts on: given back later, once
+                    # the workers surely took their own references.
+                    now = time.monotonic()
+                    for h in b.held.values():
+                        if h.loads:
+                            self._delayed.append((now + DELAYED_RELEASE_SECONDS, h))
+                        else:
+                            releases.append(h)
                     b.held.clear()
                     b.misses.clear()
                 releases += self._expired_holds()
+                self._prune_misses()
             try:
+                self._session_check()
+                now = time.monotonic()
+                releases += [h for t, h in self._delayed if t <= now]
+                self._delayed = [(t, h) for t, h in self._delayed if t > now]
+                if self._retry and not self._client.daemon_away:
+                    releases, self._retry = releases + self._retry, []
                 self._release(releases)
                 if queue:
                     self._lookups(queue)
@@ -141,6 +170,37 @@ class SchedulerAgent:
         gone = [k for k, h in b.held.items()
                 if h.loads == 0 and now - h.since > self._hold_seconds]
         return [b.held.pop(k) for k in gone]
+
+    def _prune_misses(self):
+        b = self._board
+        if len(b.misses) > 4096:
+            now = time.monotonic()
+            b.misses = {k: t for k, t in b.misses.items() if now - t < self._miss_ttl}
+
+    def _session_check(self):
+        """A daemon that came back without this session's state: its
+        references went with it; a new session, at most every
+        RECONNECT_SECONDS."""
+        if not self._client.session_lost or self._connect is None:
+            return
+        now = time.monotonic()
+        if now - self._last_connect < RECONNECT_SECONDS:
+            return
+        self._last_connect = now
+        try:
+            client = self._connect()
+        except errors.HostKVError as e:
+            logger.warning("no new hostkv session for the scheduler yet: %s", e)
+            return
+        old, self._client = self._client, client
+        old.close()
+        b = self._board
+        with b.lock:
+            b.held.clear()
+            b.misses.clear()
+        self._retry, self._delayed = [], []
+        self._cursors = {place: None for place in self._cursors}
+        logger.warning("hostkvd lost the scheduler's session; a new one is open")
 
     # -- daemon calls ---------------------------------------------------
 
@@ -176,24 +236,26 @@ class SchedulerAgent:
         by_group = {}
         for key in queue:
             by_group.setdefault(group_of(key), []).append(key)
-        for gid, keys in by_group.items():
-            remaining, calls = keys, 0
-            while remaining and calls < MAX_CALLS:
-                calls += 1
-                hits = self._hold_run(gid, remaining)
-                if hits is None:  # the daemon is away or the pool does not exist
-                    break
-                if hits < len(remaining):
-                    self._answer_miss(remaining[hits])
-                    remaining = remaining[hits + 1:]
-                else:
-                    remaining = []
-            # Unanswered keys: asked again if the scheduler still needs them.
+        try:
+            for gid, keys in by_group.items():
+                remaining, calls = keys, 0
+                while remaining and calls < MAX_CALLS:
+                    calls += 1
+                    hits = self._hold_run(gid, remaining)
+                    if hits is None:  # the daemon is away or the pool does not exist
+                        break
+                    if hits < len(remaining):
+                        self._answer_miss(remaining[hits])
+                        remaining = remaining[hits + 1:]
+                    else:
+                        remaining = []
+        finally:
+            # Every key of the round leaves `asked`: an unanswered one is
+            # queued again when the scheduler asks for it again.
             b = self._board
             with b.lock:
-                for k in keys:
-                    if k not in b.held and k not in b.misses:
-                        b.asked.pop(k, None)
+                for k in queue:
+                    b.asked.pop(k, None)
 
     def _hold_run(self, gid, keys):
         """Holds the leading run of `keys` cached on every rank; the run's
@@ -254,7 +316,8 @@ class SchedulerAgent:
     def _idle_holds(self):
         b = self._board
         with b.lock:
-            idle = [k for k, h in b.held.items() if h.loads == 0]
+            now = time.monotonic()
+            idle = [k for k, h in b.held.items() if h.loads == 0 and now - h.since > 1.0]
             return [b.held.pop(k) for k in idle]
 
     def _answer_miss(self, key):
@@ -268,14 +331,26 @@ class SchedulerAgent:
             self._release_pages(hold.group, hold.pages_by_rank)
 
     def _release_pages(self, gid, pages_by_rank):
+        """Gives the references back; those the daemon could not take back
+        now (away) are given back later, so none outlives its hold."""
         for r, pages in enumerate(pages_by_rank):
             if not pages:
                 continue
             pool = self._placement.pool(gid, r)
             try:
                 self._client.release(pool, page_runs(pages))
-            except errors.HostKVError as e:  # e.g. the references went with a restart
-                logger.debug("releasing %d pages of %s: %s", len(pages), pool, e)
+            except errors.FailedPrecondition:
+                # All or nothing, and a resume may have dropped one of them
+                # (its key moved): the others one by one.
+                for page in pages:
+                    try:
+                        self._client.release(pool, [(page, 1)])
+                    except errors.FailedPrecondition:
+                        pass
+                    except errors.HostKVError:
+                        self._retry.append(Hold(gid, [[]] * r + [[page]]))
+            except errors.HostKVError:
+                self._retry.append(Hold(gid, [[]] * r + [list(pages)]))
 
     def _confirm(self, keys):
         """Keys of completed stores found on every rank -> a "stored" event.
@@ -316,10 +391,12 @@ class SchedulerAgent:
         return run
 
     def _eviction_cursor(self, pool, namespace):
+        """The log's current end (evictions before it are not news), or
+        None while the pool does not exist."""
         try:
             return self._client.list_evictions(pool, namespace, 0, max_keys=0).next
         except errors.HostKVError:
-            return 0
+            return None
 
     def _poll_evictions(self):
         if not self._events:
@@ -330,6 +407,9 @@ class SchedulerAgent:
         self._last_eviction_poll = now
         removed, seen = [], set()
         for (pool, namespace), cursor in list(self._cursors.items()):
+            if cursor is None:
+                self._cursors[(pool, namespace)] = self._eviction_cursor(pool, namespace)
+                continue
             while True:
                 try:
                     got = self._call("ListEvictions", self._client.list_evictions, pool,

@@ -56,11 +56,13 @@ class HostkvOffloadingSpec(vbase.OffloadingSpec):
     def get_manager(self):
         if self._manager is None:
             warn_if_hashes_unseeded()
-            client = Client(self._target, client_name=f"vllm-{self._engine_id}-scheduler")
+            def connect():
+                return Client(self._target, client_name=f"vllm-{self._engine_id}-scheduler")
+
             self._manager = HostkvManager(
-                client, self._placement, self.blocks_per_chunk,
+                connect(), self._placement, self.blocks_per_chunk,
                 events=self.kv_events_config.enable_kv_cache_events,
-                hold_seconds=self._hold_seconds, retry_for=self._retry_for)
+                hold_seconds=self._hold_seconds, retry_for=self._retry_for, connect=connect)
             logger.info("hostkv.vllm scheduler of %s: groups %s, %d rank(s), namespaces %s",
                         self._engine_id, list(self._placement.group_ids),
                         self._placement.world_size,
@@ -74,6 +76,20 @@ class HostkvOffloadingSpec(vbase.OffloadingSpec):
         rank %= self._placement.world_size
         groups = _group_tensors(kv_caches, len(self._placement.group_ids))
         num_blocks = int(kv_caches.tensors[0].tensor.shape[0])
+
+        def connect():
+            return self._connect_worker(rank, groups, num_blocks)
+
+        client, buffers = connect()
+        logger.info("hostkv.vllm rank %d of %s: %d KV blocks, groups %s", rank,
+                    self._engine_id, num_blocks,
+                    {g.group_id: f"{g.pool} ({g.row_bytes} B/block)" for g in buffers.values()})
+        return HostkvWorker(client, buffers, dict(self._placement.positions),
+                            self.blocks_per_chunk, num_blocks, rank, reconnect=connect)
+
+    def _connect_worker(self, rank, groups, num_blocks):
+        """A worker session with every group's pool attached and its KV
+        tensors registered: (client, {position: GroupBuffers})."""
         per_block = [len(ts) * row for ts, row in groups]
         client = Client(self._target, client_name=f"vllm-{self._engine_id}-r{rank}")
         buffers = {}
@@ -88,11 +104,7 @@ class HostkvOffloadingSpec(vbase.OffloadingSpec):
         except BaseException:
             client.close()
             raise
-        logger.info("hostkv.vllm rank %d of %s: %d KV blocks, groups %s", rank,
-                    self._engine_id, num_blocks,
-                    {g.group_id: f"{g.pool} ({g.row_bytes} B/block)" for g in buffers.values()})
-        return HostkvWorker(client, buffers, dict(self._placement.positions),
-                            self.blocks_per_chunk, num_blocks, rank)
+        return client, buffers
 
     def _register_group(self, client, gid, rank, tensors, row, num_blocks, capacity):
         pool = self._placement.pool(gid, rank)
