@@ -186,16 +186,18 @@ class CacheCalls:
             uncached_pages=page_runs([page for page, outcome in zip(own, outcomes)
                                       if outcome == ALREADY_CACHED]))
 
-    def lookup(self, pool, namespace, keys, acquire=False):
+    def lookup(self, pool, namespace, keys, acquire=False, wait=True):
         """The longest cached prefix of `keys` in `namespace`: Lookup(hits,
         pages). With acquire the session takes a reference on each page
         found (release them); without, the pages may be evicted at once.
-        PermissionDenied for another user's namespace.
+        PermissionDenied for another user's namespace. wait=False:
+        Unavailable at once if hostkvd does not answer (a scheduler thread
+        that must not wait for a restarting daemon).
         """
         keys = [cache_key(k) for k in keys]
         response = self._call(self._stub.Lookup, pb.LookupRequest(
             session_id=self.session_id, pool=pool, namespace=namespace, keys=keys,
-            acquire=acquire))
+            acquire=acquire), wait)
         pages = [(r.first_page, r.num_pages) for r in response.pages]
         if sum(n for _, n in pages) != response.hits:
             raise errors.Internal(

@@ -31,3 +31,26 @@ def set_parallel(**fields):
     for name, value in fields.items():
         setattr(_state, name, value)
     return previous
+
+
+@dataclasses.dataclass
+class MemoryState:
+    """get_memory() as unified_cache/linker_factory.py @2c62dc66 reads it."""
+    enable_unified_cache_external_linker: bool = False
+    unified_cache_external_linker_config: object = None  # a dict (argparse's JSON)
+    unified_cache_external_linker_backend: str = "mooncake"
+
+
+_memory = MemoryState()
+
+
+def get_memory():
+    return _memory
+
+
+def set_memory(**fields):
+    """Stand-in only: sets what get_memory() reports; returns the previous values."""
+    previous = {name: getattr(_memory, name) for name in fields}
+    for name, value in fields.items():
+        setattr(_memory, name, value)
+    return previous

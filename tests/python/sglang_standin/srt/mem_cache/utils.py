@@ -28,3 +28,11 @@ def get_hash_str(token_ids, prior_hash=None, page_size=None):
         prior_hash = _page_key(token_ids[start:start + page_size], prior_hash)
         keys.append(prior_hash)
     return keys
+
+
+def get_storage_hash_str(token_ids, prior_hash=None, page_size=None):
+    """unified_cache_linker.py @03205d15 keys a tail with this: the same
+    chain as get_hash_str when the request carries no extra_key/cache_salt
+    (SGLang then seeds the chain from them; the stand-in's requests carry
+    none)."""
+    return get_hash_str(token_ids, prior_hash, page_size=page_size)

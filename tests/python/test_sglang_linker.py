@@ -1,0 +1,152 @@
+"""hostkv.sglang.linker.HostkvLinker: SGLang main's external linker
+(UnifiedCacheLinker) on hostkvd, built by SGLang's linker factory from the
+config flag and driven in the unified radix cache's call order
+(sglang_linker_driver.py), against real daemons, TP=2, CPU backend: every
+loaded row compared at the forward pass's per-layer wait."""
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import sglang_linker_driver as drv  # noqa: E402
+from conftest import Daemon  # noqa: E402
+
+
+@pytest.fixture
+def standin():
+    with drv.standin():
+        yield
+
+
+def _referenced(daemon, pool):
+    import hostkv  # pylint: disable=import-outside-toplevel
+    with hostkv.Client(daemon.target, "probe") as c:
+        return c.get_pool_stats(pool).pools[0].cache.referenced_pages
+
+
+def test_the_factory_builds_it_from_the_config_flag(daemon, standin):
+    from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
+    from hostkv.sglang.linker import HostkvLinker
+    assert issubclass(HostkvLinker, UnifiedCacheLinker)
+    assert not HostkvLinker.__abstractmethods__
+    e = drv.Engine(daemon.target, tp=1)
+    assert isinstance(e.ranks[0].linker, HostkvLinker)
+    e.close()
+
+
+def test_engine_b_loads_engine_as_prefix_layer_by_layer_across_a_restart(standin):
+    d = Daemon()
+    try:
+        a = drv.Engine(d.target)
+        assert a.request("a0", drv.prompt(12)) == []  # nothing to load: computed
+        a.request("a1", drv.prompt(20, first=5000))
+        a.poll(wait_offloads=True)
+        assert a.stored == 2 and a.offload_failures == 0
+        a.close()
+        d.kill()      # kill -9: the pool and its cache stay
+        d.restart()
+        b = drv.Engine(d.target)
+        loaded = b.request("b0", drv.prompt(12))
+        assert len(loaded) == 12  # the whole prefix, from hostkvd
+        assert b.rows_checked == 12 * 2 * 4 * 2  # pages x planes x layers x ranks
+        # A longer prompt: its first 12 pages are on the device now, the
+        # next 8 (another prompt's pages are not a prefix of it) computed.
+        assert len(b.request("b1", drv.prompt(20))) == 0
+        loaded = b.request("b2", drv.prompt(20, first=5000))
+        assert len(loaded) == 20
+        b.poll()
+        pool = b.ranks[0].linker._place.pool  # pylint: disable=protected-access
+        assert _referenced(d, pool) == 0  # the leases went with the completed loads
+        b.close()
+    finally:
+        d.stop()
+
+
+def test_a_trimmed_load_loads_the_adopted_pages_only(daemon, standin):
+    a = drv.Engine(daemon.target)
+    a.request("a", drv.prompt(10))
+    a.poll(wait_offloads=True)
+    b = drv.Engine(daemon.target)
+    loaded = b.request("b", drv.prompt(10), trim=6)
+    assert len(loaded) == 6
+    b.poll()
+    assert _referenced(daemon, b.ranks[0].linker._place.pool) == 0  # pylint: disable=W0212
+    a.close()
+    b.close()
+
+
+def test_cancel_and_reset_leave_nothing_referenced(daemon, standin):
+    a = drv.Engine(daemon.target)
+    a.request("a", drv.prompt(8))
+    a.poll(wait_offloads=True)
+    b = drv.Engine(daemon.target)
+    pool = b.ranks[0].linker._place.pool  # pylint: disable=protected-access
+    assert b.request("b", drv.prompt(8), abort=True) == [True, True]
+    assert _referenced(daemon, pool) == 0
+    # A lookup repeated for the same rid replaces its lease; reset drops it.
+    for _ in range(3):
+        assert b.match("c", drv.prompt(8))[2] == 8
+    assert _referenced(daemon, pool) == 8
+    for rank in b.ranks:
+        rank.linker.reset()
+    assert _referenced(daemon, pool) == 0
+    # Nothing queued: start returns -1, and a -1 consumer waits for nothing.
+    assert b.ranks[0].linker.start_layer_wise_loading() == -1
+    b.ranks[0].linker.layer_done_counter.set_consumer(-1)
+    b.ranks[0].linker.layer_done_counter.wait_until(0)
+    a.close()
+    b.close()
+
+
+def test_a_daemon_away_under_a_running_engine_costs_misses_only(standin, monkeypatch):
+    monkeypatch.setenv("HOSTKV_RECONNECT_TIMEOUT", "1")
+    d = Daemon()
+    try:
+        a = drv.Engine(d.target)
+        a.request("a", drv.prompt(8))
+        a.poll(wait_offloads=True)
+        b = drv.Engine(d.target)
+        d.kill()
+        time.sleep(0.5)  # the sessions' sockets hang up
+        t0 = time.monotonic()
+        assert b.request("b0", drv.prompt(8)) == []  # a miss, computed
+        assert time.monotonic() - t0 < 0.5  # no lookup waited for the daemon
+        b.poll(wait_offloads=True)
+        assert b.offload_failures == 1  # the write-through stored nothing, no error
+        d.restart()
+        b.forget_device()
+        deadline = time.monotonic() + 10
+        while True:
+            loaded = b.request(f"b{int(time.monotonic() * 1000)}", drv.prompt(8))
+            if loaded or time.monotonic() > deadline:
+                break
+            b.forget_device()
+            time.sleep(0.2)
+        assert len(loaded) == 8  # A's pages, served again
+        a.close()
+        b.close()
+    finally:
+        d.stop()
+
+
+def test_pages_hostkvd_evicted_are_misses(daemon, standin):
+    # its own pool (a namespace text of its own): ~25 pages per rank
+    e = drv.Engine(daemon.target, pages=64,
+                   extra={"hostkv_capacity_bytes": 24 * 1024, "hostkv_namespace": "evict"})
+    import hostkv  # pylint: disable=import-outside-toplevel
+    with hostkv.Client(daemon.target, "probe") as c:
+        pages = c.get_pool(e.ranks[0].linker._place.pool).token_slots // 4  # W0212
+    prompts = pages // 10 * 2 + 2  # twice what the pool holds
+    assert prompts < 100, f"the pool is not the small one made here ({pages} pages)"
+    for i in range(prompts):
+        e.request(f"p{i}", drv.prompt(10, first=1000 * (i + 1)))
+        e.poll(wait_offloads=True)
+        e.forget_device()  # the device pool is smaller than hostkv's
+    assert e.stored == prompts
+    e.forget_device()
+    _, _, hit = e.match("again", drv.prompt(10, first=1000))
+    assert hit < 10  # evicted: a shorter hit or none, never an error
+    for rank in e.ranks:
+        rank.linker.cancel_queued_load("again")
+    e.close()
