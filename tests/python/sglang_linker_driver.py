@@ -59,6 +59,7 @@ class _Params:
     def __init__(self, kv, page_size):
         self.page_size = page_size
         self.token_to_kv_pool_allocator = _Allocator(kv)
+        self.tree_components = ()
 
 
 class _ServerArgs:
@@ -66,24 +67,69 @@ class _ServerArgs:
         self.model_path = model
 
 
+class _TpWorker:
+    def __init__(self):
+        self.counter = None
+
+    def register_hicache_layer_transfer_counter(self, counter):
+        self.counter = counter
+
+
+def build_context(server_args, params, tp_rank, tp_size, tp_worker, **flags):
+    """registry.TreeCacheBuildContext for a plain full-attention model."""
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+    fields = dict(is_hybrid_swa=False, is_hybrid_ssm=False, enable_hierarchical_cache=False,
+                  disable_radix_cache=False, effective_chunked_prefill_size=None,
+                  model_config=None, tp_group=None)
+    fields.update(flags)
+    return TreeCacheBuildContext(server_args=server_args, params=params, tp_worker=tp_worker,
+                                 tp_size=tp_size, tp_rank=tp_rank, **fields)
+
+
 class Rank:
-    def __init__(self, target, model, layers, slots, page_size, rank, tp, extra):
+    """One TP rank: its device pool and linker, built by the linker factory
+    (via="factory": --unified-cache-external-linker-config, PR #40595) or by
+    hostkv's plugin (via="plugin": the radix cache backend "hostkv")."""
+
+    def __init__(self, target, model, layers, slots, page_size, rank, tp, extra,
+                 via="factory"):
         self.pool = sglang_model.DevicePool("mha", layers, slots, page_size,
                                             dtype=torch.bfloat16, head_num=2, head_dim=8)
         self.pool.kv.view(torch.uint8).fill_(NOISE)
         self.kv = _Kv(self.pool)
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.runtime_context import set_memory
+        options = dict({"hostkv_target": target}, **(extra or {}))
+        params = _Params(self.kv, page_size)
+        if via == "plugin":
+            import os  # pylint: disable=import-outside-toplevel
+            from sglang.srt.mem_cache.registry import create_tree_cache
+            previous = set_memory(enable_unified_cache_external_linker=True,
+                                  radix_cache_backend="hostkv")
+            saved = os.environ.get("HOSTKV_LINKER_CONFIG")
+            os.environ["HOSTKV_LINKER_CONFIG"] = __import__("json").dumps(options)
+            try:
+                self.tp_worker = _TpWorker()
+                self.cache = create_tree_cache(build_context(
+                    _ServerArgs(model), params, rank, tp, self.tp_worker))
+            finally:
+                set_memory(**previous)
+                if saved is None:
+                    os.environ.pop("HOSTKV_LINKER_CONFIG", None)
+                else:
+                    os.environ["HOSTKV_LINKER_CONFIG"] = saved
+            self.linker = self.cache.linker.cache_linker
+            assert self.kv.layer_transfer_counter is self.linker.layer_done_counter
+            assert self.tp_worker.counter is self.linker.layer_done_counter
+            return
         from sglang.srt.mem_cache.unified_cache.linker_factory import \
             create_unified_cache_linker
-        from sglang.srt.runtime_context import set_memory
         config = {"linker": "HostkvLinker", "linker_module_path": "hostkv.sglang.linker",
-                  "linker_extra_config": dict({"hostkv_target": target, "tp_rank": rank,
-                                               "tp_size": tp}, **(extra or {}))}
+                  "linker_extra_config": dict(options, tp_rank=rank, tp_size=tp)}
         previous = set_memory(enable_unified_cache_external_linker=True,
                               unified_cache_external_linker_config=config)
         try:
-            self.linker = create_unified_cache_linker(_ServerArgs(model),
-                                                      _Params(self.kv, page_size),
+            self.linker = create_unified_cache_linker(_ServerArgs(model), params,
                                                       components={ComponentType.FULL})
         finally:
             set_memory(**previous)
@@ -94,9 +140,10 @@ class Engine:
     """One SGLang engine: tp ranks, a device prefix cache of whole pages."""
 
     def __init__(self, target, model="org/llama-test", layers=4, pages=64, page_size=4, tp=2,
-                 extra=None):
+                 extra=None, via="factory"):
         self.page_size, self.layers, self.tp = page_size, layers, tp
-        self.ranks = [Rank(target, model, layers, pages * page_size, page_size, r, tp, extra)
+        self.ranks = [Rank(target, model, layers, pages * page_size, page_size, r, tp, extra,
+                           via)
                       for r in range(tp)]
         self.free = list(range(0, pages * page_size, page_size))  # page-aligned slots
         self.device = {}       # page hash -> first slot of its page (the "tree")
@@ -254,4 +301,16 @@ def prompt(pages, page_size=4, first=100):
 
 
 def standin():
-    return sglang_standin.as_sglang(reimport=("hostkv.sglang.linker",))
+    return sglang_standin.as_sglang(reimport=("hostkv.sglang.linker", "hostkv.sglang.plugin"))
+
+
+def load_hostkv_plugin():
+    """SGLang's load_plugins() with hostkv's entry point as pyproject.toml
+    declares it (the test tree does not pip-install the package; the
+    installed metadata is checked in test_sglang_install.py)."""
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    from sglang.srt.mem_cache import registry
+    from sglang.srt.plugins import GROUP, load_plugins
+    registry._forget("hostkv")  # pylint: disable=protected-access
+    load_plugins([importlib.metadata.EntryPoint(
+        name="hostkv", value="hostkv.sglang.plugin:register", group=GROUP)])

@@ -166,3 +166,13 @@ def test_pip_installed_package_carries_the_vllm_spec(venv):
     out = subprocess.run([venv, "-c", "import hostkv.vllm"], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=""), cwd="/")
     assert out.returncode != 0 and "v0.11-v0.20" in out.stderr
+
+
+def test_pip_installed_package_registers_its_sglang_plugin(venv):
+    # SGLang's load_plugins() finds hostkv by its entry point group.
+    out = subprocess.run(
+        [venv, "-c", "import importlib.metadata as m; print([(e.name, e.value) for e in "
+         "m.entry_points(group='sglang.srt.plugins')])"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""), cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert "('hostkv', 'hostkv.sglang.plugin:register')" in out.stdout

@@ -150,3 +150,32 @@ def test_pages_hostkvd_evicted_are_misses(daemon, standin):
     for rank in e.ranks:
         rank.linker.cancel_queued_load("again")
     e.close()
+
+
+def test_the_plugin_entry_point_builds_the_cache_with_the_linker(daemon, standin):
+    drv.load_hostkv_plugin()
+    from sglang.srt.mem_cache.registry import registered_radix_cache_backends
+    assert "hostkv" in registered_radix_cache_backends()
+    a = drv.Engine(daemon.target, via="plugin", extra={"hostkv_namespace": "plugin"})
+    a.request("a", drv.prompt(8))
+    a.poll(wait_offloads=True)
+    b = drv.Engine(daemon.target, via="plugin", extra={"hostkv_namespace": "plugin"})
+    assert len(b.request("b", drv.prompt(8))) == 8
+    a.close()
+    b.close()
+
+
+def test_the_plugin_refuses_what_it_cannot_serve(daemon, standin):
+    drv.load_hostkv_plugin()
+    from hostkv.sglang import plugin
+    from sglang.srt.runtime_context import set_memory
+    ctx = drv.build_context(drv._ServerArgs("m"), None, 0, 1, None,  # pylint: disable=W0212
+                            is_hybrid_swa=True)
+    previous = set_memory(enable_unified_cache_external_linker=False)
+    try:
+        with pytest.raises(ValueError) as e:
+            plugin.create_cache(ctx)
+    finally:
+        set_memory(**previous)
+    assert "--enable-unified-cache-external-linker is not set" in str(e.value)
+    assert "full-attention KV only" in str(e.value)

@@ -258,12 +258,15 @@ class HostkvLinker(UnifiedCacheLinker):
             self._release_pages(list(lease.values()))
             return True  # nothing of ours to load: an empty batch entry
         keys = [page_key(k) for k in kv.keys]
-        slots = [int(s) for s in kv.device_indices.tolist()]
         ps = self._kv.page_size
-        if len(slots) != len(keys) * ps:
+        count = int(kv.device_indices.numel())
+        if count != len(keys) * ps:
             self._release_pages(list(lease.values()))
             raise errors.InvalidArgument(
-                f"load {rid}: {len(slots)} device slots for {len(keys)} pages of {ps}")
+                f"load {rid}: {count} device slots for {len(keys)} pages of {ps}")
+        # A CUDA index tensor reaches the host by a copy on the current
+        # stream that only the submission waits for (never this thread).
+        slots = self._sync.host_indices(kv.device_indices)
         missing = [k for k in keys if k not in lease]
         if missing:
             # Not from this rid's lookup (SGLang trims, never extends): the
@@ -283,7 +286,7 @@ class HostkvLinker(UnifiedCacheLinker):
             return -1
         index = next(self._indices)
         pages = [p for _, ps, _, _ in queued for p in ps]
-        slots = [s for _, _, ss, _ in queued for s in ss]
+        slots = [ss for _, _, ss, _ in queued]
         rids = [rid for rid, _, _, _ in queued]
         broken = sum(m for _, _, _, m in queued)
         pending = self._submit_load(pages, slots) if pages and not broken else None
@@ -296,13 +299,14 @@ class HostkvLinker(UnifiedCacheLinker):
         return index
 
     def _submit_load(self, pages, slots):
+        """slots: the requests' device indices (host_indices objects)."""
         sync = self._sync
         host = page_runs(pages)
-        device = page_runs(slots)
         value = sync.signal_value()
         pending = Pending(0, self._kv.layers, value)
 
         def call():
+            device = page_runs([int(s) for obj in slots for s in obj.get().tolist()])
             gpu = {"signal_value": value} if value else {}
             return self._client.load(self._place.pool, self._import_id, host, device,
                                      **gpu)
@@ -375,8 +379,7 @@ class HostkvLinker(UnifiedCacheLinker):
         kv = _kv_transfer(transfers)
         if kv is None or not kv.keys:
             return False
-        return self._offloads.put([page_key(k) for k in kv.keys],
-                                  [int(s) for s in kv.device_indices.tolist()])
+        return self._offloads.put([page_key(k) for k in kv.keys], kv.device_indices)
 
     def num_completed_offloads(self):
         return self._offloads.completed()

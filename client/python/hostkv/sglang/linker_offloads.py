@@ -42,8 +42,11 @@ class OffloadQueue:
                                         daemon=True)
         self._thread.start()
 
-    def put(self, keys, slots):
-        """Queues one offload; True (its result comes later)."""
+    def put(self, keys, device_indices):
+        """Queues one offload; True (its result comes later). A CUDA index
+        tensor reaches the host by a copy on the current stream that the
+        offload thread waits for."""
+        slots = self._sync.host_indices(device_indices)
         mark = self._sync.mark_kv_written()
         with self._lock:
             self._in_flight += 1
@@ -99,6 +102,7 @@ class OffloadQueue:
                 self._reconnect()
                 return False
         ps = self._kv.page_size
+        slots = [int(s) for s in slots.get().tolist()]
         if len(slots) != len(keys) * ps:
             logger.error("offload: %d device slots for %d pages of %d", len(slots), len(keys),
                          ps)

@@ -39,6 +39,7 @@ class MemoryState:
     enable_unified_cache_external_linker: bool = False
     unified_cache_external_linker_config: object = None  # a dict (argparse's JSON)
     unified_cache_external_linker_backend: str = "mooncake"
+    radix_cache_backend: object = None  # --radix-cache-backend (mem_cache/registry.py)
 
 
 _memory = MemoryState()
