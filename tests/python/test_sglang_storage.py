@@ -243,6 +243,38 @@ def _cached_pages(engine):
     return _pool_stats(engine).cached_pages
 
 
+def test_buffer_only_mode_sizes_the_node_cache_beyond_the_staging_pool(daemon, monkeypatch):
+    """--hicache-host-memory-mode buffer_only: the engine's host pool is a
+    staging buffer; hostkvd's pool is buffer_only_ratio (8) times it, or
+    pool_tokens exactly, so the node cache outgrows the buffer."""
+    from hostkv.sglang import storage as storage_module
+    monkeypatch.setattr(storage_module, "_host_memory_mode", lambda: "buffer_only")
+    engine = Engine(daemon, "mha", "page_first", config=model_config("mha"),
+                    pool_name=unique("staged"))
+    try:
+        pool = engine.storage.client.get_pool(engine.storage.pool_name)
+        assert pool.token_slots >= 8 * engine.host.size
+        # More pages than the staging pool holds stay cached in hostkvd.
+        pages = engine.host.size // 16
+        stored = 0
+        for round_ in range(3):
+            idx, keys = engine.prefill(tokens_of(100 + round_, 16 * 16), seed=round_)
+            assert all(engine.storage.batch_set_v1(keys, idx))
+            engine.host.free(idx)
+            stored += len(keys)
+        assert _cached_pages(engine) == stored > pages
+    finally:
+        engine.close()
+    monkeypatch.setattr(storage_module, "_host_memory_mode", lambda: "cache")
+    engine = Engine(daemon, "mha", "page_first", config=model_config("mha"),
+                    pool_name=unique("cache-mode"))
+    try:
+        pool = engine.storage.client.get_pool(engine.storage.pool_name)
+        assert pool.token_slots < 2 * engine.host.size  # sized like the host pool
+    finally:
+        engine.close()
+
+
 def test_a_full_pool_answers_false_and_the_threads_live_on(daemon):
     """hostkvd's refusals are misses, not exceptions: SGLang's storage
     threads would die of one. A pool of 3 pages cannot take 5 at once."""

@@ -67,6 +67,20 @@ except ImportError:  # SGLang absent (tests, tools): the same defaults
             return None
 
 
+BUFFER_ONLY_RATIO = 8
+
+
+def _host_memory_mode():
+    """SGLang's --hicache-host-memory-mode ("cache" or "buffer_only"): not in
+    HiCacheStorageConfig; a backend reads it from SGLang's runtime context."""
+    try:
+        from sglang.srt.runtime_context import \
+            get_memory  # pylint: disable=import-outside-toplevel
+        return str(getattr(get_memory(), "hicache_host_memory_mode", "cache") or "cache")
+    except (ImportError, AttributeError):
+        return "cache"
+
+
 def _read_token(path):
     if not path:
         return None
@@ -107,10 +121,20 @@ class HostkvStorage(HybridPoolCalls, _Base):
         token = _read_token(c.get("auth_token_file") or os.environ.get("HOSTKV_TOKEN_FILE"))
         rank = getattr(self.storage_config, "tp_rank", 0)
         name = c.get("client_name") or f"sglang-storage-{os.getpid()}-tp{rank}"
+        pool_tokens = c.get("pool_tokens")
+        if pool_tokens is None and _host_memory_mode() == "buffer_only":
+            # The engine's host pool is only a staging buffer then: sized
+            # like it, the node cache could hold no more than the buffer.
+            ratio = float(c.get("buffer_only_ratio", BUFFER_ONLY_RATIO))
+            pool_tokens = int(mem_pool_host.size * ratio)
+            _log.info("hicache host memory mode buffer_only: the engine's host pool (%d "
+                      "tokens) stages pages; hostkvd's pool gets %d tokens (buffer_only_ratio "
+                      "%g; pool_tokens sets it exactly)", mem_pool_host.size, pool_tokens,
+                      ratio)
         if self._path is not None:
             self._path.close()
         self._path = storage_paths.path_for(mem_pool_host, target, name, token,
-                                            c.get("pool_name"), c.get("pool_tokens"))
+                                            c.get("pool_name"), pool_tokens)
         _log.info("hostkv storage: namespace %s, hostkvd pool %s (%s)", self.namespace,
                   self._path.pool_name, type(self._path).__name__)
 

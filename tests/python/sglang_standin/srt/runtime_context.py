@@ -40,6 +40,7 @@ class MemoryState:
     unified_cache_external_linker_config: object = None  # a dict (argparse's JSON)
     unified_cache_external_linker_backend: str = "mooncake"
     radix_cache_backend: object = None  # --radix-cache-backend (mem_cache/registry.py)
+    hicache_host_memory_mode: str = "cache"  # --hicache-host-memory-mode: cache | buffer_only
 
 
 _memory = MemoryState()
