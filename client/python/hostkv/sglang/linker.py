@@ -96,17 +96,19 @@ def _rank(extra):
 class LayerCounter:
     """SGLang's layer_done_counter: set_consumer(index) before each forward,
     wait_until(layer) before a layer's buffers are read (any number of
-    times; index -1 or unknown: nothing to wait for)."""
+    times; index -1 or unknown: nothing to wait for). A plain attribute, as
+    SGLang's own counters: the TP worker may set it on another thread than
+    the one whose pool getters wait."""
 
     def __init__(self, linker):
         self._linker = linker
-        self._local = threading.local()
+        self._index = -1
 
     def set_consumer(self, index):
-        self._local.index = int(index)
+        self._index = int(index)
 
     def wait_until(self, layer):
-        index = getattr(self._local, "index", -1)
+        index = self._index
         if index < 0:
             return
         self._linker.wait_layer(index, int(layer))

@@ -4,9 +4,8 @@ SGLang's host kv_buffer keeps its pages along one axis: token rows
 (layer_first, page_first: a page is page_size consecutive rows) or page
 blocks (page_first_direct, page_head: one index per page). Two buffers of
 the same geometry and layout, of any sizes (the engine's host pool and a
-hostkvd pool's mapping), then exchange pages with one index_select and one
-index_copy_ on that axis, as raw bytes (fp8 kept as uint8 and as float8
-alike). Shapes: hostkv.pool_mapping.sglang_shape.
+hostkvd pool's mapping), then exchange pages run by run with copy_ between
+views on that axis, as raw bytes (fp8 kept as uint8 and as float8 alike). Shapes: hostkv.pool_mapping.sglang_shape.
 """
 from .. import errors
 
@@ -29,14 +28,6 @@ def page_axis(layout, mha):
     raise ValueError(f"Unsupported layout: {layout}")
 
 
-def _rows(pages, page_size, per_token):
-    torch = _torch()
-    pages = torch.as_tensor(pages, dtype=torch.int64).flatten()
-    if not per_token:
-        return pages
-    return (pages.unsqueeze(1) * page_size + torch.arange(page_size)).flatten()
-
-
 def _raw(buf):
     torch = _torch()
     return buf if buf.dtype == torch.uint8 else buf.view(torch.uint8)
@@ -56,16 +47,30 @@ def check_same_pages(a, b, layout, mha):
 
 def copy_pages(dst, dst_pages, src, src_pages, layout, mha, page_size):
     """Copies page src_pages[i] of `src` into page dst_pages[i] of `dst`
-    (page numbers; REQUIRES: check_same_pages(dst, src), equal counts)."""
+    (page numbers; REQUIRES: check_same_pages(dst, src), equal counts).
+    Runs of pages consecutive on both sides are one copy_ between views: no
+    temporary (a gathered batch of tens of MiB would be fresh memory, page
+    faults and all, on every call)."""
     axis, per_token = page_axis(layout, mha)
-    rows_src = _rows(src_pages, page_size, per_token)
-    rows_dst = _rows(dst_pages, page_size, per_token)
-    if rows_src.numel() != rows_dst.numel():
+    src_pages = [int(p) for p in _torch().as_tensor(src_pages).flatten().tolist()]
+    dst_pages = [int(p) for p in _torch().as_tensor(dst_pages).flatten().tolist()]
+    if len(src_pages) != len(dst_pages):
         raise errors.InvalidArgument(
             f"{len(src_pages)} source pages but {len(dst_pages)} destination pages")
-    if rows_src.numel() == 0:
+    if not src_pages:
         return
-    _raw(dst).index_copy_(axis, rows_dst, _raw(src).index_select(axis, rows_src))
+    unit = page_size if per_token else 1
+    raw_src, raw_dst = _raw(src), _raw(dst)
+    first, count = 0, 1
+    for i in range(1, len(src_pages) + 1):
+        if (i < len(src_pages) and src_pages[i] == src_pages[first] + count
+                and dst_pages[i] == dst_pages[first] + count):
+            count += 1
+            continue
+        raw_dst.narrow(axis, dst_pages[first] * unit, count * unit).copy_(
+            raw_src.narrow(axis, src_pages[first] * unit, count * unit))
+        if i < len(src_pages):
+            first, count = i, 1
 
 
 def page_view(buf, layout, mha, index, page_size):
