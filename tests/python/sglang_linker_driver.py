@@ -228,8 +228,14 @@ class Engine:
                                                            keys=list(tail[:hit]),
                                                            device_indices=device_indices)])
             if abort:
+                # release_aborted_request: a False leaves the load queued and
+                # its nodes locked (the slots stay the tree's until it lands).
                 cancelled = [rank.linker.cancel_queued_load(rid) for rank in self.ranks]
-                self.free[:0] = slots
+                if any(cancelled):
+                    self.free[:0] = slots
+                else:
+                    for page_hash, slot in zip(tail[:hit], slots):
+                        self.device[page_hash] = slot
                 return cancelled
             loaded = list(zip(tail[:hit], slots))
             indices = [rank.linker.start_layer_wise_loading() for rank in self.ranks]
@@ -241,9 +247,7 @@ class Engine:
             for page_hash, slot in loaded:
                 self.device[page_hash] = slot
             self.loaded_pages += hit
-        else:
-            for rank in self.ranks:  # a lookup no load follows
-                rank.linker.cancel_queued_load(rid)
+        # (A lookup no load follows gets no call: SGLang has none to make.)
         # Compute the rest, insert, write through.
         new = []
         for page_hash in tail[hit:]:

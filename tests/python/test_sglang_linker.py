@@ -76,20 +76,44 @@ def test_a_trimmed_load_loads_the_adopted_pages_only(daemon, standin):
     b.close()
 
 
-def test_cancel_and_reset_leave_nothing_referenced(daemon, standin):
+def test_cancel_and_reset_leave_nothing_referenced(daemon, standin, monkeypatch):
+    from hostkv.sglang import linker as linker_module
     a = drv.Engine(daemon.target)
     a.request("a", drv.prompt(8))
     a.poll(wait_offloads=True)
     b = drv.Engine(daemon.target)
     pool = b.ranks[0].linker._place.pool  # pylint: disable=protected-access
-    assert b.request("b", drv.prompt(8), abort=True) == [True, True]
+    # An abort after load(): False (the load stays queued, its nodes locked),
+    # then it runs with the next batch and is reported with its rid.
+    assert b.request("b", drv.prompt(8), abort=True) == [False, False]
+    indices = [rank.linker.start_layer_wise_loading() for rank in b.ranks]
+    assert all(i >= 0 for i in indices)
+    for r, rank in enumerate(b.ranks):
+        rank.linker.layer_done_counter.set_consumer(indices[r])
+        for layer in range(b.layers):
+            rank.linker.layer_done_counter.wait_until(layer)
+    deadline = time.monotonic() + 10
+    while min(rank.linker.num_completed_loads() for rank in b.ranks) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert [rank.linker.pop_completed_load() for rank in b.ranks] == [["b"], ["b"]]
     assert _referenced(daemon, pool) == 0
     # A lookup repeated for the same rid replaces its lease; reset drops it.
+    b.forget_device()
     for _ in range(3):
         assert b.match("c", drv.prompt(8))[2] == 8
     assert _referenced(daemon, pool) == 8
     for rank in b.ranks:
         rank.linker.reset()
+    assert _referenced(daemon, pool) == 0
+    # A lookup no load follows (the ranks agreed on less, the request went):
+    # SGLang calls nothing; the lease goes after LEASE_SECONDS.
+    monkeypatch.setattr(linker_module, "LEASE_SECONDS", 0.2)
+    assert b.match("d", drv.prompt(8))[2] == 8
+    assert _referenced(daemon, pool) == 8
+    time.sleep(0.3)
+    for rank in b.ranks:
+        rank.linker.num_completed_loads()  # the scheduler polls every step
     assert _referenced(daemon, pool) == 0
     # Nothing queued: start returns -1, and a -1 consumer waits for nothing.
     assert b.ranks[0].linker.start_layer_wise_loading() == -1
@@ -97,6 +121,15 @@ def test_cancel_and_reset_leave_nothing_referenced(daemon, standin):
     b.ranks[0].linker.layer_done_counter.wait_until(0)
     a.close()
     b.close()
+
+
+def test_reset_forgets_offload_results(daemon, standin):
+    e = drv.Engine(daemon.target, tp=1, extra={"hostkv_namespace": "reset"})
+    e.request("x", drv.prompt(4))
+    linker = e.ranks[0].linker
+    linker.reset()  # waits for the offload, then forgets its result
+    assert linker.num_completed_offloads() == 0
+    e.close()
 
 
 def test_a_daemon_away_under_a_running_engine_costs_misses_only(standin, monkeypatch):
@@ -179,3 +212,42 @@ def test_the_plugin_refuses_what_it_cannot_serve(daemon, standin):
         set_memory(**previous)
     assert "--enable-unified-cache-external-linker is not set" in str(e.value)
     assert "full-attention KV only" in str(e.value)
+
+
+def test_a_lost_session_fails_its_queued_loads_in_order(standin):
+    """hostkvd restarted without its state between load() and the batch:
+    the queued load copies nothing, is still reported with its rid (SGLang
+    unlocks its nodes), and its layer waits raise rather than let the
+    forward pass read what the slots held."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+    d = Daemon()
+    try:
+        a = drv.Engine(d.target, tp=1, extra={"hostkv_namespace": "lost"})
+        a.request("a", drv.prompt(8))
+        a.poll(wait_offloads=True)
+        b = drv.Engine(d.target, tp=1, extra={"hostkv_namespace": "lost"})
+        linker = b.ranks[0].linker
+        _, tail, hit = b.match("q", drv.prompt(8))
+        assert hit == 8
+        slots = torch.arange(8 * b.page_size, dtype=torch.int64)
+        assert linker.load("q", [PoolTransfer(name=PoolName.KV, keys=list(tail),
+                                              device_indices=slots)])
+        old = linker._client  # pylint: disable=protected-access
+        d.kill()
+        d.restart("--discard_state")
+        deadline = time.monotonic() + 15
+        while linker._client is old:  # pylint: disable=protected-access
+            assert time.monotonic() < deadline, "the linker never opened a new session"
+            assert linker.lookup("z", [PoolTransfer(name=PoolName.KV, keys=list(tail))]) == []
+            time.sleep(0.2)
+        index = linker.start_layer_wise_loading()
+        assert index >= 0
+        linker.layer_done_counter.set_consumer(index)
+        with pytest.raises(RuntimeError, match="session was lost"):
+            linker.layer_done_counter.wait_until(0)
+        assert linker.num_completed_loads() == 1
+        assert linker.pop_completed_load() == ["q"]
+        a.close()
+        b.close()
+    finally:
+        d.stop()

@@ -207,14 +207,15 @@ class CacheCalls:
             self._held.add(pool, namespace, keys[:response.hits], page_list(pages))
         return Lookup(response.hits, pages)
 
-    def release(self, pool, pages):
+    def release(self, pool, pages, wait=True):
         """Drops one of this session's references per page of `pages` (runs;
         a page listed twice drops two). All or nothing: FailedPrecondition
         for a page the session holds no (or too few) references on. Returns
-        how many were released."""
+        how many were released. wait=False: Unavailable at once if hostkvd
+        does not answer."""
         released = self._call(self._stub.Release, pb.ReleaseRequest(
             session_id=self.session_id, pool=pool,
-            pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in pages])).released
+            pages=[pb.PageRun(first_page=f, num_pages=n) for f, n in pages]), wait).released
         self._held.drop(pool, page_list(pages))
         return released
 

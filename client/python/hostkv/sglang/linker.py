@@ -63,6 +63,7 @@ from .transfer_sync import sync_for
 logger = logging.getLogger("hostkv.sglang")
 
 DEFAULT_CAPACITY_BYTES = 1 << 30
+LEASE_SECONDS = 2.0  # a lookup's references that no load claimed go after this
 PROBE_SECONDS = 0.5
 RECONNECT_SECONDS = 5.0
 
@@ -115,10 +116,11 @@ class LayerCounter:
 
 
 class _Batch:
-    __slots__ = ("index", "rids", "pending", "leases")
+    __slots__ = ("index", "rids", "pending", "leases", "sync", "client")
 
-    def __init__(self, index, rids, pending, leases):
+    def __init__(self, index, rids, pending, leases, sync=None, client=None):
         self.index, self.rids, self.pending, self.leases = index, rids, pending, leases
+        self.sync, self.client = sync, client  # the session's, at submission
 
 
 class HostkvLinker(UnifiedCacheLinker):
@@ -153,7 +155,8 @@ class HostkvLinker(UnifiedCacheLinker):
             raise
         self._submitter = TransferSubmitter(self._sync.asynchronous, "hostkv-linker")
         self._lock = threading.Lock()
-        self._leases = {}      # rid -> {page key: page}, from lookup
+        self._leases = {}      # rid -> (when, {page key: page}), from lookup
+        self._unreleased = []  # pages whose release hostkvd did not take (away)
         self._queued = []      # [(rid, pages, device slots)] for the next start
         self._loading = collections.deque()  # _Batch in start order
         self._by_index = {}    # consumer index -> _Batch
@@ -199,6 +202,7 @@ class HostkvLinker(UnifiedCacheLinker):
         if c.session_lost:
             return self._reconnect()
         if not c.daemon_away:
+            self._release_unreleased()
             return True
         now = time.monotonic()
         if now - self._last_probe < PROBE_SECONDS:
@@ -224,7 +228,17 @@ class HostkvLinker(UnifiedCacheLinker):
         except errors.HostKVError as e:
             logger.warning("no new hostkv session for the linker yet: %s", e)
             return False
-        self._quiesce()
+        with self._lock:
+            # Pages of the lost session went with it: loads not done yet can
+            # copy nothing; they are reported in order, and their waits raise.
+            self._queued = [(rid, [], slots, max(1, missing))
+                            for rid, _, slots, missing in self._queued]
+            for batch in self._loading:
+                if batch.pending is not None:
+                    batch.pending = _Broken("hostkvd lost the session before the load ended")
+                batch.leases = []
+            self._leases = {}
+        self._unreleased = []
         old, self._client = self._client, client
         self._import_id, self._sync = import_id, sync
         old.close()
@@ -233,9 +247,11 @@ class HostkvLinker(UnifiedCacheLinker):
         return True
 
     def lookup(self, rid, transfers):
+        answers = self._daemon_answers()
         self._drop_lease(rid)
+        self._expire_leases()
         kv = _kv_transfer(transfers)
-        if kv is None or not kv.keys or not self._daemon_answers():
+        if kv is None or not kv.keys or not answers:
             return []
         keys = [page_key(k) for k in kv.keys]
         try:
@@ -249,13 +265,13 @@ class HostkvLinker(UnifiedCacheLinker):
             return []
         pages = page_list(found.pages)
         with self._lock:
-            self._leases[rid] = dict(zip(keys, pages))
+            self._leases[rid] = (time.monotonic(), dict(zip(keys, pages)))
         return list(range(1, found.hits + 1))
 
     def load(self, rid, transfers):
         kv = _kv_transfer(transfers)
         with self._lock:
-            lease = self._leases.pop(rid, {})
+            lease = self._leases.pop(rid, (0, {}))[1]
         if kv is None or not kv.keys:
             self._release_pages(list(lease.values()))
             return True  # nothing of ours to load: an empty batch entry
@@ -292,9 +308,10 @@ class HostkvLinker(UnifiedCacheLinker):
         rids = [rid for rid, _, _, _ in queued]
         broken = sum(m for _, _, _, m in queued)
         pending = self._submit_load(pages, slots) if pages and not broken else None
-        batch = _Batch(index, rids, pending, pages)
+        batch = _Batch(index, rids, pending, pages, self._sync, self._client)
         if broken:
-            batch.pending = _Broken(f"{broken} pages of the batch were never found")
+            batch.pending = _Broken(f"{broken} pages of the batch were not in hostkvd (not "
+                                    "found by the lookup, or the session was lost)")
         with self._lock:
             self._loading.append(batch)
             self._by_index[index] = batch
@@ -302,23 +319,33 @@ class HostkvLinker(UnifiedCacheLinker):
 
     def _submit_load(self, pages, slots):
         """slots: the requests' device indices (host_indices objects)."""
-        sync = self._sync
+        sync, client, import_id = self._sync, self._client, self._import_id
         host = page_runs(pages)
+        # The slots may still be written by work queued on the current
+        # stream (CUDA): the daemon's copy waits for this mark.
+        mark = sync.mark_kv_written()
         value = sync.signal_value()
         pending = Pending(0, self._kv.layers, value)
 
         def call():
-            device = page_runs([int(s) for obj in slots for s in obj.get().tolist()])
-            gpu = {"signal_value": value} if value else {}
-            return self._client.load(self._place.pool, self._import_id, host, device,
-                                     **gpu)
+            try:
+                device = page_runs([int(s) for obj in slots for s in obj.get().tolist()])
+                gpu = {"signal_value": value, "gpu_waits_only": True} if value else {}
+                return client.load(self._place.pool, import_id, host, device,
+                                   wait_kv_written=mark, **gpu)
+            except BaseException:
+                # No copy will signal `value`: let the streams waiting for it
+                # go on (the waits then raise on the host).
+                sync.failed(pending)
+                raise
 
         pending.future = self._submitter.submit(call)
         return pending
 
     def wait_layer(self, index, layer):
         """layer_done_counter.wait_until: layer `layer` of batch `index` is
-        in place (CUDA: the current stream waits for it)."""
+        in place (CUDA: the current stream waits for it). RuntimeError for a
+        batch whose pages could not be loaded (never stale KV)."""
         with self._lock:
             batch = self._by_index.get(index)
         if batch is None or batch.pending is None:
@@ -327,24 +354,25 @@ class HostkvLinker(UnifiedCacheLinker):
             raise RuntimeError(f"hostkv load batch {index}: {batch.pending.reason}")
         if not 0 <= layer < self._kv.layers:
             return
-        self._sync.wait_layer(batch.pending, layer)
+        if batch.sync.asynchronous:
+            try:
+                batch.pending.operation(0)
+            except TimeoutError:
+                pass  # not submitted yet: the stream wait covers it
+            except Exception as e:  # pylint: disable=broad-except
+                raise RuntimeError(f"hostkv load batch {index} was not submitted: {e}") from e
+        batch.sync.wait_layer(batch.pending, layer)
 
     def cancel_queued_load(self, rid):
-        with self._lock:
-            for i, entry in enumerate(self._queued):
-                if entry[0] == rid:
-                    del self._queued[i]
-                    pages = entry[1]
-                    break
-            else:
-                pages = None
-        if pages is not None:
-            self._release_pages(pages)
-            return True
-        self._drop_lease(rid)  # a lookup that no load followed
+        """False always: a load SGLang queued has adopted its tree nodes, and
+        a True would unlock them unfilled (SGLang's own linkers answer False
+        too). A queued load runs with the next batch and is reported as
+        usual; a lease its lookup left is given back."""
+        self._drop_lease(rid)
         return False
 
     def num_completed_loads(self):
+        self._expire_leases()
         while True:
             with self._lock:
                 batch = self._loading[0] if self._loading else None
@@ -367,11 +395,11 @@ class HostkvLinker(UnifiedCacheLinker):
             return True
         try:
             op = batch.pending.operation(timeout)
-            self._client.wait(op, timeout=timeout if timeout is not None else 600.0)
+            batch.client.wait(op, timeout=timeout if timeout is not None else 600.0)
             return True
         except (errors.DeadlineExceeded, TimeoutError):
             return False
-        except errors.HostKVError as e:
+        except Exception as e:  # pylint: disable=broad-except
             logger.error("load batch %d: %s", batch.index, e)
             return True
 
@@ -393,7 +421,7 @@ class HostkvLinker(UnifiedCacheLinker):
 
     def reset(self):
         self._quiesce()
-        self._offloads.drain()
+        self._offloads.reset()
 
     def close(self):
         self._quiesce()
@@ -408,7 +436,7 @@ class HostkvLinker(UnifiedCacheLinker):
             self._loading.clear()
             self._by_index.clear()
             self._done.clear()
-            leases, self._leases = list(self._leases.values()), {}
+            leases, self._leases = [lease for _, lease in self._leases.values()], {}
         for batch in loading:
             self._ended(batch, timeout=None)
             self._release_pages(batch.leases)
@@ -421,21 +449,46 @@ class HostkvLinker(UnifiedCacheLinker):
         with self._lock:
             lease = self._leases.pop(rid, None)
         if lease:
+            self._release_pages(list(lease[1].values()))
+
+    def _expire_leases(self):
+        """SGLang looks up and loads in one scheduling pass, and calls
+        nothing when the ranks agree on less than this one found or the
+        request leaves: leases older than LEASE_SECONDS go."""
+        now = time.monotonic()
+        with self._lock:
+            old = [rid for rid, (t, _) in self._leases.items() if now - t > LEASE_SECONDS]
+            leases = [self._leases.pop(rid)[1] for rid in old]
+        for lease in leases:
             self._release_pages(list(lease.values()))
 
     def _release_pages(self, pages):
+        """Gives references back without waiting for an absent daemon; what
+        it did not take is given back once it answers (never forgotten: the
+        client would take those references again at a resume)."""
         if not pages:
             return
+        if self._client.daemon_away:
+            self._unreleased.extend(pages)
+            return
         try:
-            self._client.release(self._place.pool, page_runs(sorted(pages)))
+            self._client.release(self._place.pool, page_runs(sorted(pages)), wait=False)
         except errors.FailedPrecondition:
             for page in pages:  # all or nothing: those still held, one by one
                 try:
-                    self._client.release(self._place.pool, [(page, 1)])
-                except errors.HostKVError:
+                    self._client.release(self._place.pool, [(page, 1)], wait=False)
+                except errors.FailedPrecondition:
                     pass
+                except errors.HostKVError:
+                    self._unreleased.append(page)
         except errors.HostKVError as e:
-            logger.warning("releasing %d pages: %s", len(pages), e)
+            logger.warning("releasing %d pages: %s; again once hostkvd answers", len(pages), e)
+            self._unreleased.extend(pages)
+
+    def _release_unreleased(self):
+        if self._unreleased and not self._client.daemon_away:
+            pages, self._unreleased = self._unreleased, []
+            self._release_pages(pages)
 
 
 class _Broken:

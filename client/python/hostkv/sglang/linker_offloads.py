@@ -14,11 +14,14 @@ import collections
 import logging
 import queue
 import threading
+import time
 
 from .. import errors
 from ..cache_calls import page_runs
 
 logger = logging.getLogger("hostkv.sglang")
+
+RECONNECT_SECONDS = 5.0
 
 
 class OffloadQueue:
@@ -37,6 +40,7 @@ class OffloadQueue:
         self._results = collections.deque()
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._last_connect = 0.0
         self._idle = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name="hostkv-linker-offload",
                                         daemon=True)
@@ -66,6 +70,14 @@ class OffloadQueue:
         with self._idle:
             while self._in_flight:
                 self._idle.wait()
+
+    def reset(self):
+        """SGLang's reset: waits for what was queued and forgets its results
+        (SGLang forgets those offloads; a result kept would pair with the
+        next offload)."""
+        self.drain()
+        with self._lock:
+            self._results.clear()
 
     def close(self):
         self.drain()
@@ -135,6 +147,10 @@ class OffloadQueue:
             logger.warning("freeing %d page runs: %s", len(pages), e)
 
     def _reconnect(self):
+        now = time.monotonic()
+        if now - self._last_connect < RECONNECT_SECONDS:
+            return
+        self._last_connect = now
         try:
             client = self._connect()
             import_id, sync = self._register(client)

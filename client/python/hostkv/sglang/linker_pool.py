@@ -32,6 +32,14 @@ class DeviceKv:
 
     def __init__(self, kvcache, page_size):
         self.page_size = int(page_size)
+        extra = sorted(a for a in vars(kvcache) if a.endswith("_scale_buffer")
+                       or a.startswith("index_k")) if hasattr(kvcache, "__dict__") else []
+        if extra:
+            raise errors.InvalidArgument(
+                f"{type(kvcache).__name__} has buffers beside the KV ({', '.join(extra)}): "
+                "HostkvLinker would leave them unloaded (DSA indexers, FP4 scales are not "
+                "served)")
+        self.start_layer = int(getattr(kvcache, "start_layer", 0) or 0)
         if getattr(kvcache, "k_buffer", None) is not None:
             self.attention = "mha"
             self.planes = [list(kvcache.k_buffer), list(kvcache.v_buffer)]
@@ -92,9 +100,11 @@ class Placement:
         self.rank, self.tp_size = int(rank), int(tp_size)
         if not 0 <= self.rank < self.tp_size:
             raise ValueError(f"rank {rank} is outside the TP world of {tp_size}")
+        # start_layer: pipeline stages with as many layers hold others.
         descriptor = ";".join([f"model={model}", f"kv={kv.geometry()}",
                                f"dtype={kv.dtype_name}", f"page={kv.page_size}",
-                               f"tp={tp_size}", f"extra={extra}"])
+                               f"tp={tp_size}", f"layers_from={kv.start_layer}",
+                               f"extra={extra}"])
         digest = hashlib.sha256(descriptor.encode()).hexdigest()
         readable = re.sub(r"[^A-Za-z0-9_.-]", "_",
                           str(model).rstrip("/").split("/")[-1])[:40] or "model"
