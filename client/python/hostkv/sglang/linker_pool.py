@@ -40,6 +40,8 @@ class DeviceKv:
                 "HostkvLinker would leave them unloaded (DSA indexers, FP4 scales are not "
                 "served)")
         self.start_layer = int(getattr(kvcache, "start_layer", 0) or 0)
+        # The logical KV dtype (fp8 e4m3 and e5m2 are both stored as uint8).
+        self.logical_dtype = str(getattr(kvcache, "dtype", "") or "").replace("torch.", "")
         if getattr(kvcache, "k_buffer", None) is not None:
             self.attention = "mha"
             self.planes = [list(kvcache.k_buffer), list(kvcache.v_buffer)]
@@ -102,7 +104,8 @@ class Placement:
             raise ValueError(f"rank {rank} is outside the TP world of {tp_size}")
         # start_layer: pipeline stages with as many layers hold others.
         descriptor = ";".join([f"model={model}", f"kv={kv.geometry()}",
-                               f"dtype={kv.dtype_name}", f"page={kv.page_size}",
+                               f"dtype={kv.dtype_name}/{kv.logical_dtype}",
+                               f"page={kv.page_size}",
                                f"tp={tp_size}", f"layers_from={kv.start_layer}",
                                f"extra={extra}"])
         digest = hashlib.sha256(descriptor.encode()).hexdigest()
