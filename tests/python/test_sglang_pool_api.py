@@ -203,3 +203,11 @@ def test_a_per_user_pool_limit_is_named():
             first.close()
     finally:
         d.stop()
+
+
+def test_storage_format_tag_is_sglangs_own_pages():
+    # Newer controllers append a host pool's storage_format_tag to the
+    # storage model name (cache_controller.storage_model_name); hostkv's
+    # pools hold SGLang's own layouts, so the tag is None as on SGLang's.
+    assert RemoteMHATokenToKVPoolHost.storage_format_tag is None
+    assert RemoteMLATokenToKVPoolHost.storage_format_tag is None

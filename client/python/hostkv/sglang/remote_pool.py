@@ -83,6 +83,9 @@ class RemoteHostKVCache:
     positional_extras = ()  # the class's own positional parameters after allocator_type
     dcp_size, dcp_rank = 1, 0
     can_use_write_back_jit = False  # SGLang's staged write-back kernel: not used
+    # Read by newer controllers into the storage model name: None, as on
+    # SGLang's own host pools (the pages are SGLang's layouts byte for byte).
+    storage_format_tag = None
 
     def __init__(self, device_pool, host_to_device_ratio, host_size, page_size,
                  layout="layer_first", pin_memory=True, device="cpu",
