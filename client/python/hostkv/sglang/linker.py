@@ -52,6 +52,7 @@ import time
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from .. import errors
+from .._pace import Pace
 from .. import torch as hostkv_torch
 from ..cache_calls import page_list, page_runs
 from ..client import Client
@@ -143,7 +144,7 @@ class HostkvLinker(UnifiedCacheLinker):
         capacity = int(extra.get("hostkv_capacity_bytes", DEFAULT_CAPACITY_BYTES))
         self._capacity = capacity
         self._client_name = f"sglang-linker-r{rank}"
-        self._last_probe = self._last_connect = 0.0
+        self._probes, self._reconnects = Pace(PROBE_SECONDS), Pace(RECONNECT_SECONDS)
         self._client = Client(self._target, client_name=self._client_name)
         try:
             self._import_id, self._sync = self._register(self._client)
@@ -204,20 +205,16 @@ class HostkvLinker(UnifiedCacheLinker):
         if not c.daemon_away:
             self._release_unreleased()
             return True
-        now = time.monotonic()
-        if now - self._last_probe < PROBE_SECONDS:
+        if not self._probes.due():
             return False
-        self._last_probe = now
         try:
             return c.probe()
         except errors.SessionLost:
             return self._reconnect()
 
     def _reconnect(self):
-        now = time.monotonic()
-        if now - self._last_connect < RECONNECT_SECONDS:
+        if not self._reconnects.due():
             return False
-        self._last_connect = now
         try:
             client = Client(self._target, client_name=self._client_name)
             try:

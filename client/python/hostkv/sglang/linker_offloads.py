@@ -14,9 +14,9 @@ import collections
 import logging
 import queue
 import threading
-import time
 
 from .. import errors
+from .._pace import Pace
 from ..cache_calls import page_runs
 
 logger = logging.getLogger("hostkv.sglang")
@@ -40,7 +40,7 @@ class OffloadQueue:
         self._results = collections.deque()
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._last_connect = 0.0
+        self._reconnects = Pace(RECONNECT_SECONDS)
         self._idle = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name="hostkv-linker-offload",
                                         daemon=True)
@@ -147,13 +147,15 @@ class OffloadQueue:
             logger.warning("freeing %d page runs: %s", len(pages), e)
 
     def _reconnect(self):
-        now = time.monotonic()
-        if now - self._last_connect < RECONNECT_SECONDS:
+        if not self._reconnects.due():
             return
-        self._last_connect = now
         try:
             client = self._connect()
-            import_id, sync = self._register(client)
+            try:
+                import_id, sync = self._register(client)
+            except BaseException:
+                client.close()
+                raise
         except errors.HostKVError as e:
             logger.warning("no new hostkv session for offloads yet: %s", e)
             return

@@ -20,10 +20,8 @@ import hashlib
 import re
 
 from .. import errors, mha_pool_spec, mla_pool_spec
+from .remote_pool import _DTYPE_NAMES as DTYPE_NAMES
 
-DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
-               "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
-               "uint8": "fp8_e4m3"}  # SGLang stores fp8 KV as uint8: bytes alike
 
 
 class DeviceKv:

@@ -23,10 +23,10 @@ import itertools
 import logging
 import os
 import threading
-import time
 
 from .. import client as client_module
 from .. import errors
+from .._pace import Pace
 from .. import torch as hostkv_torch
 from . import indices as idx
 from . import page_copy
@@ -115,7 +115,7 @@ class RemoteHostKVCache:
         self._loads = threading.local()
         self._failure = None  # an asynchronous submission's error, raised next call
         self._destroyed = False
-        self._last_probe = 0.0  # while hostkvd is away: when it was last asked
+        self._probes = Pace(_PROBE_INTERVAL)  # while hostkvd is away: asked this often
 
         pool_name = pool_name or os.environ.get("HOSTKV_POOL") or None
         private = pool_name is None
@@ -277,10 +277,8 @@ class RemoteHostKVCache:
         cause, once it answers without this pool's session."""
         if not self.client.daemon_away:
             return True
-        now = time.monotonic()
-        if now - self._last_probe < _PROBE_INTERVAL:
+        if not self._probes.due():
             return False
-        self._last_probe = now
         return self.client.probe()
 
     def available_size(self):

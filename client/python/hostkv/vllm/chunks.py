@@ -18,8 +18,7 @@ block_indices[i] % f inside its first chunk; every following block comes
 next, chunk after chunk.
 """
 from .. import errors
-
-MAX_KEY = 64
+from ..cache_calls import MAX_KEY_BYTES as MAX_KEY
 KEY_GROUP_BYTES = 4
 
 

@@ -27,6 +27,7 @@ import threading
 import time
 
 from .. import errors
+from .._pace import Pace
 from ..cache_calls import page_list, page_runs
 from .chunks import group_of, page_keys
 
@@ -65,7 +66,6 @@ class Board:
         self.confirms = []    # keys of completed stores (events on)
         self.events = []      # [(keys, removed)] for take_events
         self.away = False     # the last daemon call failed
-        self.away_reason = ""
         self.stopping = False
         self.reset_requested = False
         self.confirming = False  # the agent works on confirms taken off the board
@@ -85,7 +85,7 @@ class SchedulerAgent:
         self._retry = []    # Holds whose release failed while hostkvd was away
         self._delayed = []  # (when, Hold): references a reset gives back later
         self._connect = connect
-        self._last_connect = 0.0
+        self._reconnects = Pace(RECONNECT_SECONDS)
         self._miss_ttl = float(miss_ttl)
         self._last_eviction_poll = 0.0
         self._thread = threading.Thread(target=self._run, name="hostkv-vllm-scheduler",
@@ -183,10 +183,8 @@ class SchedulerAgent:
         RECONNECT_SECONDS."""
         if not self._client.session_lost or self._connect is None:
             return
-        now = time.monotonic()
-        if now - self._last_connect < RECONNECT_SECONDS:
+        if not self._reconnects.due():
             return
-        self._last_connect = now
         try:
             client = self._connect()
         except errors.HostKVError as e:
@@ -230,7 +228,6 @@ class SchedulerAgent:
             elif not away and b.away:
                 logger.info("hostkvd answers again")
             b.away = away
-            b.away_reason = reason
 
     def _lookups(self, queue):
         by_group = {}

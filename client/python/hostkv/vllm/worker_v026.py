@@ -44,6 +44,7 @@ import time
 from vllm.v1.kv_offload import base as vbase
 
 from .. import errors
+from .._pace import Pace
 from ..cache_calls import page_list, page_runs
 from .blocks import slot_runs
 from .chunks import split_job
@@ -99,7 +100,7 @@ class HostkvWorker(vbase.OffloadingWorker):
         self._num_blocks = int(num_blocks)
         self._rank = rank
         self._reconnect = reconnect    # () -> (client, groups): a new session
-        self._last_reconnect = 0.0
+        self._reconnects = Pace(RECONNECT_SECONDS)
         self._jobs = {}                # job_id -> _Job, submitted and not yet reported
         self._finished = []            # TransferResults not yet taken
         self._lock = threading.Lock()
@@ -382,10 +383,8 @@ class HostkvWorker(vbase.OffloadingWorker):
         state): its references and pages went with it. A new session with
         the KV tensors registered again, at most every RECONNECT_SECONDS."""
         self._releases, self._frees = [], []
-        now = time.monotonic()
-        if self._reconnect is None or now - self._last_reconnect < RECONNECT_SECONDS:
+        if self._reconnect is None or not self._reconnects.due():
             return
-        self._last_reconnect = now
         try:
             client, groups = self._reconnect()
         except errors.HostKVError as e:
