@@ -620,7 +620,7 @@ def main():
             # -- bytes, one instance B holding the prefix -----------------------------------
             stor_pool = b_engines["stor"][2].cache_controller.storage_backend.pool_name
             remote_pool = variants["remote"][2]
-            linker_pool = lb.ranks[0].linker._place.pool  # pylint: disable=protected-access
+            linker_pool = lb.ranks[0].linker.pools["kv"]
             op_pages = {}
             for key in ("stor", "remote", "file"):  # B's host pool holding the prefix
                 _, _, b = b_engines[key]

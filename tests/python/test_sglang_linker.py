@@ -56,7 +56,7 @@ def test_engine_b_loads_engine_as_prefix_layer_by_layer_across_a_restart(standin
         loaded = b.request("b2", drv.prompt(20, first=5000))
         assert len(loaded) == 20
         b.poll()
-        pool = b.ranks[0].linker._place.pool  # pylint: disable=protected-access
+        pool = b.ranks[0].linker.pools["kv"]
         assert _referenced(d, pool) == 0  # the leases went with the completed loads
         b.close()
     finally:
@@ -71,7 +71,7 @@ def test_a_trimmed_load_loads_the_adopted_pages_only(daemon, standin):
     loaded = b.request("b", drv.prompt(10), trim=6)
     assert len(loaded) == 6
     b.poll()
-    assert _referenced(daemon, b.ranks[0].linker._place.pool) == 0  # pylint: disable=W0212
+    assert _referenced(daemon, b.ranks[0].linker.pools["kv"]) == 0
     a.close()
     b.close()
 
@@ -82,7 +82,7 @@ def test_cancel_and_reset_leave_nothing_referenced(daemon, standin, monkeypatch)
     a.request("a", drv.prompt(8))
     a.poll(wait_offloads=True)
     b = drv.Engine(daemon.target)
-    pool = b.ranks[0].linker._place.pool  # pylint: disable=protected-access
+    pool = b.ranks[0].linker.pools["kv"]
     # An abort after load(): False (the load stays queued, its nodes locked),
     # then it runs with the next batch and is reported with its rid.
     assert b.request("b", drv.prompt(8), abort=True) == [False, False]
@@ -169,7 +169,7 @@ def test_pages_hostkvd_evicted_are_misses(daemon, standin):
                    extra={"hostkv_capacity_bytes": 24 * 1024, "hostkv_namespace": "evict"})
     import hostkv  # pylint: disable=import-outside-toplevel
     with hostkv.Client(daemon.target, "probe") as c:
-        pages = c.get_pool(e.ranks[0].linker._place.pool).token_slots // 4  # W0212
+        pages = c.get_pool(e.ranks[0].linker.pools["kv"]).token_slots // 4
     prompts = pages // 10 * 2 + 2  # twice what the pool holds
     assert prompts < 100, f"the pool is not the small one made here ({pages} pages)"
     for i in range(prompts):

@@ -53,13 +53,12 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 
 from .. import errors
 from .._pace import Pace
-from .. import torch as hostkv_torch
 from ..cache_calls import page_list, page_runs
 from ..client import Client
 from .linker_offloads import OffloadQueue
-from .linker_pool import DeviceKv, Placement, page_key
+from .linker_parts import KV, SWA, build_parts, register_all
+from .linker_pool import page_key
 from .transfer_submitter import Pending, TransferSubmitter
-from .transfer_sync import sync_for
 
 logger = logging.getLogger("hostkv.sglang")
 
@@ -67,19 +66,19 @@ DEFAULT_CAPACITY_BYTES = 1 << 30
 LEASE_SECONDS = 2.0  # a lookup's references that no load claimed go after this
 PROBE_SECONDS = 0.5
 RECONNECT_SECONDS = 5.0
+WINDOW_PROBES = 4  # Lookups of sliding windows per lookup(), at most
 
 
-def _kv_transfer(transfers):
-    """The KV transfer of a list (SGLang's PoolName.KV), or None when there
-    is another pool this linker cannot restore (then nothing is)."""
-    kv = None
+def _by_part(transfers, parts):
+    """{part name: transfer} of SGLang's PoolTransfers, or None when one is
+    for a pool this linker cannot restore (then nothing is)."""
+    found = {}
     for t in transfers:
         name = str(getattr(t.name, "value", t.name)).lower()
-        if name == "kv":
-            kv = t
-        else:
+        if name not in parts:
             return None
-    return kv
+        found[name] = t
+    return found if KV in found else None
 
 
 def _rank(extra):
@@ -117,83 +116,79 @@ class LayerCounter:
 
 
 class _Batch:
-    __slots__ = ("index", "rids", "pending", "leases", "sync", "client")
+    __slots__ = ("index", "rids", "pending", "leases", "imports", "client")
 
-    def __init__(self, index, rids, pending, leases, sync=None, client=None):
+    def __init__(self, index, rids, pending, leases, imports=None, client=None):
+        # pending: {part: Pending}, a _Broken, or None (nothing to copy);
+        # leases: {part: pages} given back when it ends.
         self.index, self.rids, self.pending, self.leases = index, rids, pending, leases
-        self.sync, self.client = sync, client  # the session's, at submission
+        self.imports, self.client = imports, client  # the session's, at submission
 
 
 class HostkvLinker(UnifiedCacheLinker):
     def __init__(self, server_args, params, *, components=None, extra_config=None):
         extra = dict(extra_config or {})
         names = {str(getattr(c, "name", c)).upper() for c in (components or ())}
-        if names - {"FULL"}:
+        if names - {"FULL", "SWA"}:
             raise ValueError(
-                f"HostkvLinker restores full-attention KV only; this cache also has "
-                f"{sorted(names - {'FULL'})} components")
+                f"HostkvLinker restores full-attention and sliding-window KV; this cache "
+                f"also has {sorted(names - {'FULL', 'SWA'})} components")
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()
-        self._kv = DeviceKv(kvcache, params.page_size)
         rank, tp_size = _rank(extra)
         model = getattr(server_args, "model_path", None) or getattr(server_args, "model",
                                                                     "model")
-        self._place = Placement(model, self._kv, tp_size, rank,
-                                extra=str(extra.get("hostkv_namespace", "")),
-                                pool_prefix=str(extra.get("hostkv_pool_prefix", "sglang")))
-        self._target = extra.get("hostkv_target") or None
         capacity = int(extra.get("hostkv_capacity_bytes", DEFAULT_CAPACITY_BYTES))
-        self._capacity = capacity
+        swa_capacity = extra.get("hostkv_swa_capacity_bytes")
+        self._parts, self._route = build_parts(
+            kvcache, params.page_size, model, tp_size, rank,
+            str(extra.get("hostkv_namespace", "")),
+            str(extra.get("hostkv_pool_prefix", "sglang")), capacity,
+            None if swa_capacity is None else int(swa_capacity))
+        self._page_size = int(params.page_size)
+        self._window_pages = 0
+        if SWA in self._parts:
+            window = getattr(params, "sliding_window_size", None)
+            if not window or int(window) <= 0:
+                raise ValueError("a sliding-window pool without params.sliding_window_size")
+            self._window_pages = -(-int(window) // self._page_size)
+        elif "SWA" in names:
+            raise ValueError(f"an SWA component over {type(kvcache).__name__}, which has no "
+                             "sliding-window pool (swa_kv_pool)")
+        self._rank = rank
+        self._target = extra.get("hostkv_target") or None
         self._client_name = f"sglang-linker-r{rank}"
         self._probes, self._reconnects = Pace(PROBE_SECONDS), Pace(RECONNECT_SECONDS)
         self._client = Client(self._target, client_name=self._client_name)
         try:
-            self._import_id, self._sync = self._register(self._client)
+            self._imports = register_all(self._parts, self._client)
             self._offloads = OffloadQueue(
                 lambda: Client(self._target, client_name=f"sglang-offload-r{rank}"),
-                self._place, self._kv, self._register)
+                self._parts)
         except BaseException:
             self._client.close()
             raise
-        self._submitter = TransferSubmitter(self._sync.asynchronous, "hostkv-linker")
+        asynchronous = self._imports[KV].sync.asynchronous
+        self._submitter = TransferSubmitter(asynchronous, "hostkv-linker")
         self._lock = threading.Lock()
-        self._leases = {}      # rid -> (when, {page key: page}), from lookup
-        self._unreleased = []  # pages whose release hostkvd did not take (away)
-        self._queued = []      # [(rid, pages, device slots)] for the next start
+        self._leases = {}      # rid -> (when, {part: {page key: page}}), from lookup
+        self._unreleased = []  # (part, page) whose release hostkvd did not take
+        self._queued = []      # [(rid, {part: (pages, slots)}, missing)] for the next start
         self._loading = collections.deque()  # _Batch in start order
         self._by_index = {}    # consumer index -> _Batch
         self._done = collections.deque()     # rid lists of completed batches
         self._indices = itertools.count()
         self.layer_done_counter = LayerCounter(self)
-        logger.info("hostkv linker rank %d/%d: pool %s, namespace %s", rank, tp_size,
-                    self._place.pool, self._place.namespace)
+        for part in self._parts.values():
+            logger.info("hostkv linker rank %d/%d: %s pool %s, namespace %s", rank, tp_size,
+                        part.name, part.place.pool, part.place.namespace)
 
-    # -- setup ---------------------------------------------------------------
+    @property
+    def pools(self):
+        """{part: hostkvd pool name} ("kv"; "swa" for a sliding-window
+        model): where this rank's pages live."""
+        return {name: part.place.pool for name, part in self._parts.items()}
 
-    def _attach_pool(self, client):
-        spec = self._kv.pool_spec(self._place.pool, self._capacity)
-        try:
-            client.create_pool(spec, attach_if_exists=True)
-        except errors.AlreadyExists:
-            have = client.get_pool(self._place.pool).spec
-            if (have.geometry, have.page_size) != (spec.geometry, spec.page_size):
-                raise
-            logger.info("pool %s exists with another capacity; using it as it is",
-                        self._place.pool)
-
-    def _register(self, client):
-        """Attaches the pool and registers the device KV buffers with
-        `client`'s session: (import id, the waits for transfers on them)."""
-        self._attach_pool(client)
-        planes = [[hostkv_torch.describe(client, t) for t in plane]
-                  for plane in self._kv.planes]
-        sync = sync_for(client, self._kv.planes[0][0], self._kv.layers)
-        import_id = client.register_device_buffers(
-            self._place.pool, self._kv.rows, planes[0], planes[1] if len(planes) > 1 else (),
-            gpu_signals=sync.gpu_signals())
-        sync.attach(import_id)
-        return import_id, sync
-
-    # -- lookups and loads (the scheduler thread) ------------------------------
+    # -- the daemon, its sessions ----------------------------------------------
 
     def _daemon_answers(self):
         """False while hostkvd is away (asked again at most every
@@ -218,7 +213,7 @@ class HostkvLinker(UnifiedCacheLinker):
         try:
             client = Client(self._target, client_name=self._client_name)
             try:
-                import_id, sync = self._register(client)
+                imports = register_all(self._parts, client)
             except BaseException:
                 client.close()
                 raise
@@ -228,70 +223,116 @@ class HostkvLinker(UnifiedCacheLinker):
         with self._lock:
             # Pages of the lost session went with it: loads not done yet can
             # copy nothing; they are reported in order, and their waits raise.
-            self._queued = [(rid, [], slots, max(1, missing))
-                            for rid, _, slots, missing in self._queued]
+            self._queued = [(rid, {}, max(1, missing)) for rid, _, missing in self._queued]
             for batch in self._loading:
                 if batch.pending is not None:
                     batch.pending = _Broken("hostkvd lost the session before the load ended")
-                batch.leases = []
+                batch.leases = {}
             self._leases = {}
         self._unreleased = []
-        old, self._client = self._client, client
-        self._import_id, self._sync = import_id, sync
+        old, self._client, self._imports = self._client, client, imports
         old.close()
         logger.warning("hostkvd lost the linker's session (rank %d); a new one is open",
-                       self._place.rank)
+                       self._rank)
         return True
+
+    # -- lookups (the scheduler thread) ------------------------------------------
 
     def lookup(self, rid, transfers):
         answers = self._daemon_answers()
         self._drop_lease(rid)
         self._expire_leases()
-        kv = _kv_transfer(transfers)
-        if kv is None or not kv.keys or not answers:
+        by_part = _by_part(transfers, self._parts)
+        if by_part is None or not by_part[KV].keys or not answers:
             return []
-        keys = [page_key(k) for k in kv.keys]
+        keys = [page_key(k) for k in by_part[KV].keys]
+        pages, window = [], {}
         try:
-            found = self._client.lookup(self._place.pool, self._place.namespace, keys,
-                                        acquire=True, wait=False)
+            hits, pages = self._acquire(KV, keys)
+            end = hits
+            if hits and SWA in by_part:
+                # Each length needs the window of pages ending there too.
+                end, window = self._window_lease(keys, hits)
         except errors.HostKVError as e:
+            self._release(KV, pages)
             logger.warning("lookup of %d pages for %s: %s %s; a miss", len(keys), rid,
                            e.code_name, e.message)
             return []
-        if not found.hits:
+        self._release(KV, pages[end:])
+        if not end:
             return []
-        pages = page_list(found.pages)
+        lease = {KV: dict(zip(keys[:end], pages[:end]))}
+        if window:
+            lease[SWA] = window
         with self._lock:
-            self._leases[rid] = (time.monotonic(), dict(zip(keys, pages)))
-        return list(range(1, found.hits + 1))
+            self._leases[rid] = (time.monotonic(), lease)
+        return [end] if SWA in by_part else list(range(1, end + 1))
+
+    def _acquire(self, part, keys):
+        """Lookup(acquire) in the part's namespace: (hits, their pages)."""
+        place = self._parts[part].place
+        found = self._client.lookup(place.pool, place.namespace, keys, acquire=True,
+                                    wait=False)
+        return found.hits, page_list(found.pages)
+
+    def _window_lease(self, keys, hits):
+        """The longest prefix length of at most `hits` pages whose sliding
+        window (the window_pages pages ending there) is in the window pool,
+        with the window's pages held: (length or 0, {key: page}). A window
+        found short at its k-th page moves the end before that page (every
+        longer window holds it); WINDOW_PROBES Lookups at most."""
+        end = hits
+        for _ in range(WINDOW_PROBES):
+            if end <= 0:
+                break
+            begin = max(0, end - self._window_pages)
+            window = keys[begin:end]
+            found, pages = self._acquire(SWA, window)
+            if found == len(window):
+                return end, dict(zip(window, pages))
+            self._release(SWA, pages)
+            end = begin + found
+        return 0, {}
+
+    # -- loads ---------------------------------------------------------------------
 
     def load(self, rid, transfers):
-        kv = _kv_transfer(transfers)
+        by_part = _by_part(transfers, self._parts)
         with self._lock:
             lease = self._leases.pop(rid, (0, {}))[1]
-        if kv is None or not kv.keys:
-            self._release_pages(list(lease.values()))
+        if by_part is None or not by_part[KV].keys:
+            self._release_lease(lease)
             return True  # nothing of ours to load: an empty batch entry
-        keys = [page_key(k) for k in kv.keys]
-        ps = self._kv.page_size
-        count = int(kv.device_indices.numel())
-        if count != len(keys) * ps:
-            self._release_pages(list(lease.values()))
-            raise errors.InvalidArgument(
-                f"load {rid}: {count} device slots for {len(keys)} pages of {ps}")
-        # A CUDA index tensor reaches the host by a copy on the current
-        # stream that only the submission waits for (never this thread).
-        slots = self._sync.host_indices(kv.device_indices)
-        missing = [k for k in keys if k not in lease]
-        if missing:
-            # Not from this rid's lookup (SGLang trims, never extends): the
-            # pages cannot be promised; the load's waits will raise.
-            logger.error("load %s: %d of %d pages were not found by its lookup", rid,
-                         len(missing), len(keys))
-        pages = [lease.pop(k) for k in keys if k in lease]
-        self._release_pages(list(lease.values()))  # found but trimmed away
+        queued, missing = {}, 0
+        try:
+            for name, transfer in by_part.items():
+                keys = [page_key(k) for k in transfer.keys or ()]
+                count = int(transfer.device_indices.numel())
+                if count != len(keys) * self._page_size:
+                    raise errors.InvalidArgument(
+                        f"load {rid}: {count} {name} device slots for {len(keys)} pages of "
+                        f"{self._page_size}")
+                held = lease.get(name, {})
+                lost = [k for k in keys if k not in held]
+                if lost:
+                    # Not from this rid's lookup (SGLang trims, never
+                    # extends): the pages cannot be promised; the load's
+                    # waits will raise.
+                    logger.error("load %s: %d of %d %s pages were not found by its lookup",
+                                 rid, len(lost), len(keys), name)
+                    missing += len(lost)
+                # A CUDA index tensor reaches the host by a copy on the
+                # current stream that only the submission waits for.
+                slots = self._imports[name].sync.host_indices(transfer.device_indices)
+                queued[name] = ([held.pop(k) for k in keys if k in held], slots)
+        except BaseException:
+            self._release_lease(lease)
+            for name, (pages, _) in queued.items():
+                self._release(name, pages)
+            raise
+        self._release_lease(lease)  # found but trimmed away
         with self._lock:
-            self._queued.append((rid, pages, slots, len(missing)))
+            self._queued.append((rid, queued, missing))
         return True
 
     def start_layer_wise_loading(self):
@@ -300,35 +341,43 @@ class HostkvLinker(UnifiedCacheLinker):
         if not queued:
             return -1
         index = next(self._indices)
-        pages = [p for _, ps, _, _ in queued for p in ps]
-        slots = [ss for _, _, ss, _ in queued]
-        rids = [rid for rid, _, _, _ in queued]
-        broken = sum(m for _, _, _, m in queued)
-        pending = self._submit_load(pages, slots) if pages and not broken else None
-        batch = _Batch(index, rids, pending, pages, self._sync, self._client)
+        rids = [rid for rid, _, _ in queued]
+        broken = sum(missing for _, _, missing in queued)
+        leases = collections.defaultdict(list)
+        slots = collections.defaultdict(list)
+        for _, parts, _ in queued:
+            for name, (pages, part_slots) in parts.items():
+                leases[name].extend(pages)
+                slots[name].append(part_slots)
+        pending = None
         if broken:
-            batch.pending = _Broken(f"{broken} pages of the batch were not in hostkvd (not "
-                                    "found by the lookup, or the session was lost)")
+            pending = _Broken(f"{broken} pages of the batch were not in hostkvd (not found "
+                              "by the lookup, or the session was lost)")
+        elif any(leases.values()):
+            pending = {name: self._submit_load(name, pages, slots[name])
+                       for name, pages in leases.items() if pages}
+        batch = _Batch(index, rids, pending, dict(leases), self._imports, self._client)
         with self._lock:
             self._loading.append(batch)
             self._by_index[index] = batch
         return index
 
-    def _submit_load(self, pages, slots):
+    def _submit_load(self, name, pages, slots):
         """slots: the requests' device indices (host_indices objects)."""
-        sync, client, import_id = self._sync, self._client, self._import_id
+        client, registered = self._client, self._imports[name]
+        sync, pool = registered.sync, self._parts[name].place.pool
         host = page_runs(pages)
         # The slots may still be written by work queued on the current
         # stream (CUDA): the daemon's copy waits for this mark.
         mark = sync.mark_kv_written()
         value = sync.signal_value()
-        pending = Pending(0, self._kv.layers, value)
+        pending = Pending(0, self._parts[name].kv.layers, value)
 
         def call():
             try:
                 device = page_runs([int(s) for obj in slots for s in obj.get().tolist()])
                 gpu = {"signal_value": value, "gpu_waits_only": True} if value else {}
-                return client.load(self._place.pool, import_id, host, device,
+                return client.load(pool, registered.import_id, host, device,
                                    wait_kv_written=mark, **gpu)
             except BaseException:
                 # No copy will signal `value`: let the streams waiting for it
@@ -340,25 +389,29 @@ class HostkvLinker(UnifiedCacheLinker):
         return pending
 
     def wait_layer(self, index, layer):
-        """layer_done_counter.wait_until: layer `layer` of batch `index` is
-        in place (CUDA: the current stream waits for it). RuntimeError for a
-        batch whose pages could not be loaded (never stale KV)."""
+        """layer_done_counter.wait_until: layer `layer` (SGLang's id, of
+        every part) of batch `index` is in place (CUDA: the current stream
+        waits for it). RuntimeError for a batch whose pages could not be
+        loaded (never stale KV)."""
         with self._lock:
             batch = self._by_index.get(index)
         if batch is None or batch.pending is None:
             return
         if isinstance(batch.pending, _Broken):
             raise RuntimeError(f"hostkv load batch {index}: {batch.pending.reason}")
-        if not 0 <= layer < self._kv.layers:
-            return
-        if batch.sync.asynchronous:
+        name, local = self._route(layer)
+        pending = batch.pending.get(name)
+        if pending is None:
+            return  # nothing of that part in the batch (or not a layer of ours)
+        sync = batch.imports[name].sync
+        if sync.asynchronous:
             try:
-                batch.pending.operation(0)
+                pending.operation(0)
             except TimeoutError:
                 pass  # not submitted yet: the stream wait covers it
             except Exception as e:  # pylint: disable=broad-except
                 raise RuntimeError(f"hostkv load batch {index} was not submitted: {e}") from e
-        batch.sync.wait_layer(batch.pending, layer)
+        sync.wait_layer(pending, local)
 
     def cancel_queued_load(self, rid):
         """False always: a load SGLang queued has adopted its tree nodes, and
@@ -379,7 +432,7 @@ class HostkvLinker(UnifiedCacheLinker):
                 self._loading.popleft()
                 self._by_index.pop(batch.index, None)
                 self._done.append(batch.rids)
-            self._release_pages(batch.leases)
+            self._release_lease(batch.leases)
         with self._lock:
             return len(self._done)
 
@@ -390,23 +443,30 @@ class HostkvLinker(UnifiedCacheLinker):
     def _ended(self, batch, timeout=0):
         if batch.pending is None or isinstance(batch.pending, _Broken):
             return True
-        try:
-            op = batch.pending.operation(timeout)
-            batch.client.wait(op, timeout=timeout if timeout is not None else 600.0)
-            return True
-        except (errors.DeadlineExceeded, TimeoutError):
-            return False
-        except Exception as e:  # pylint: disable=broad-except
-            logger.error("load batch %d: %s", batch.index, e)
-            return True
+        for name, pending in batch.pending.items():
+            try:
+                op = pending.operation(timeout)
+                batch.client.wait(op, timeout=timeout if timeout is not None else 600.0)
+            except (errors.DeadlineExceeded, TimeoutError):
+                return False
+            except Exception as e:  # pylint: disable=broad-except
+                logger.error("load batch %d (%s): %s", batch.index, name, e)
+        return True
 
     # -- offloads ----------------------------------------------------------------
 
     def offload(self, transfers):
-        kv = _kv_transfer(transfers)
-        if kv is None or not kv.keys:
-            return False
-        return self._offloads.put([page_key(k) for k in kv.keys], kv.device_indices)
+        """Every transfer (KV, and the window's pages of a sliding-window
+        model; SGLang's sparse window retention offloads windows alone) in
+        one offload: True once queued, its result later."""
+        parts = []
+        for t in transfers:
+            name = str(getattr(t.name, "value", t.name)).lower()
+            if name not in self._parts:
+                return False  # a pool this linker cannot store: nothing is
+            if t.keys:
+                parts.append((name, [page_key(k) for k in t.keys], t.device_indices))
+        return self._offloads.put(parts) if parts else False
 
     def num_completed_offloads(self):
         return self._offloads.completed()
@@ -436,17 +496,20 @@ class HostkvLinker(UnifiedCacheLinker):
             leases, self._leases = [lease for _, lease in self._leases.values()], {}
         for batch in loading:
             self._ended(batch, timeout=None)
-            self._release_pages(batch.leases)
-        for entry in queued:
-            self._release_pages(entry[1])
+            self._release_lease(batch.leases)
+        for _, parts, _ in queued:
+            for name, (pages, _) in parts.items():
+                self._release(name, pages)
         for lease in leases:
-            self._release_pages(list(lease.values()))
+            self._release_lease(lease)
+
+    # -- references ------------------------------------------------------------
 
     def _drop_lease(self, rid):
         with self._lock:
             lease = self._leases.pop(rid, None)
         if lease:
-            self._release_pages(list(lease[1].values()))
+            self._release_lease(lease[1])
 
     def _expire_leases(self):
         """SGLang looks up and loads in one scheduling pass, and calls
@@ -457,35 +520,46 @@ class HostkvLinker(UnifiedCacheLinker):
             old = [rid for rid, (t, _) in self._leases.items() if now - t > LEASE_SECONDS]
             leases = [self._leases.pop(rid)[1] for rid in old]
         for lease in leases:
-            self._release_pages(list(lease.values()))
+            self._release_lease(lease)
 
-    def _release_pages(self, pages):
+    def _release_lease(self, lease):
+        """lease: {part: {key: page}} or {part: [pages]}."""
+        for name, held in lease.items():
+            self._release(name, list(held.values()) if isinstance(held, dict) else held)
+
+    def _release(self, name, pages):
         """Gives references back without waiting for an absent daemon; what
         it did not take is given back once it answers (never forgotten: the
         client would take those references again at a resume)."""
         if not pages:
             return
         if self._client.daemon_away:
-            self._unreleased.extend(pages)
+            self._unreleased.extend((name, p) for p in pages)
             return
+        pool = self._parts[name].place.pool
         try:
-            self._client.release(self._place.pool, page_runs(sorted(pages)), wait=False)
+            self._client.release(pool, page_runs(sorted(pages)), wait=False)
         except errors.FailedPrecondition:
             for page in pages:  # all or nothing: those still held, one by one
                 try:
-                    self._client.release(self._place.pool, [(page, 1)], wait=False)
+                    self._client.release(pool, [(page, 1)], wait=False)
                 except errors.FailedPrecondition:
                     pass
                 except errors.HostKVError:
-                    self._unreleased.append(page)
+                    self._unreleased.append((name, page))
         except errors.HostKVError as e:
-            logger.warning("releasing %d pages: %s; again once hostkvd answers", len(pages), e)
-            self._unreleased.extend(pages)
+            logger.warning("releasing %d %s pages: %s; again once hostkvd answers", len(pages),
+                           name, e)
+            self._unreleased.extend((name, p) for p in pages)
 
     def _release_unreleased(self):
         if self._unreleased and not self._client.daemon_away:
-            pages, self._unreleased = self._unreleased, []
-            self._release_pages(pages)
+            held, self._unreleased = self._unreleased, []
+            by_part = collections.defaultdict(list)
+            for name, page in held:
+                by_part[name].append(page)
+            for name, pages in by_part.items():
+                self._release(name, pages)
 
 
 class _Broken:

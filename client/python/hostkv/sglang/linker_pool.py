@@ -75,6 +75,11 @@ class DeviceKv:
             raise errors.InvalidArgument(f"hostkv has no pool dtype for {self.dtype}")
         self.dtype_name = DTYPE_NAMES[name]
 
+    def page_bytes(self):
+        """Bytes of one page over every layer and plane."""
+        return sum(self.layers * self.page_size * t.numel() // max(1, int(t.shape[0]))
+                   * t.element_size() for t in (plane[0] for plane in self.planes))
+
     def geometry(self):
         if self.attention == "mha":
             return f"mha:{self.layers}x{self.heads}x{self.head_dim}"
