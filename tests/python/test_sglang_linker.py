@@ -203,7 +203,7 @@ def test_the_plugin_refuses_what_it_cannot_serve(daemon, standin):
     from hostkv.sglang import plugin
     from sglang.srt.runtime_context import set_memory
     ctx = drv.build_context(drv._ServerArgs("m"), None, 0, 1, None,  # pylint: disable=W0212
-                            is_hybrid_swa=True)
+                            is_hybrid_ssm=True)
     previous = set_memory(enable_unified_cache_external_linker=False)
     try:
         with pytest.raises(ValueError) as e:
@@ -211,7 +211,7 @@ def test_the_plugin_refuses_what_it_cannot_serve(daemon, standin):
     finally:
         set_memory(**previous)
     assert "--enable-unified-cache-external-linker is not set" in str(e.value)
-    assert "full-attention KV only" in str(e.value)
+    assert "with Mamba state" in str(e.value)
 
 
 def test_a_lost_session_fails_its_queued_loads_in_order(standin):

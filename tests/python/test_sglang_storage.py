@@ -369,3 +369,34 @@ def test_remote_copies_go_in_calls_of_bounded_size(daemon, monkeypatch):
     finally:
         one.close()
         two.close()
+
+
+def test_sglangs_shm_allocator_memfd_cannot_be_sealed_so_pages_are_copied(daemon, caplog):
+    """SGLang's shm allocator makes its memfd with MFD_CLOEXEC only
+    (mmap_allocator.py alloc_shm @13e4fbf9): no one can seal it against
+    shrinking, which hostkvd requires of every segment it maps. The storage
+    says so and copies, as with any allocator."""
+    import errno
+    import fcntl
+    import logging
+    import os
+    import types
+    fd = os.memfd_create("sglang_host_pool_test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 1 << 16)
+        with pytest.raises(OSError) as e:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        assert e.value.errno == errno.EPERM
+        engine = Engine(daemon, "mha", "page_first", config=model_config("mha"),
+                        pool_name=unique("shm-alloc"))
+        try:
+            engine.host.allocator = types.SimpleNamespace(fds=[fd])
+            with caplog.at_level(logging.INFO, logger="hostkv.sglang"):
+                engine.storage.register_mem_pool_host(engine.host)
+            assert "MFD_ALLOW_SEALING" in caplog.text
+            idx, keys = engine.prefill(tokens_of(77, 2 * 16), seed=7)
+            assert all(engine.storage.batch_set_v1(keys, idx))  # copied: still stored
+        finally:
+            engine.close()
+    finally:
+        os.close(fd)

@@ -38,10 +38,16 @@ lookups and loads, one more for offloads, on a thread of its own):
                             cached already) in completion order.
   reset / close             wait for what runs, give every lease back
                             (close: and end the sessions).
+A sliding-window model (SGLang's SWAKVPool) has two parts, "kv" and "swa",
+each with its own pool, namespace and registration (linker_parts.py): a
+length is restorable when its KV pages and the window ending there are
+cached; the layer counter's global layer ids go through layers_mapping.
 Options (linker_extra_config): hostkv_target, hostkv_namespace (extra text
 for the namespace), hostkv_pool_prefix ("sglang"), hostkv_capacity_bytes
-(the rank's pool, default 1 GiB; a pool another engine made keeps its size),
-tp_rank / tp_size (else SGLang's get_parallel() attn TP ranks).
+(the rank's pools, default 1 GiB; a pool another engine made keeps its
+size), hostkv_swa_capacity_bytes (the window pool's; else a share of the
+capacity by page bytes), tp_rank / tp_size (else SGLang's get_parallel()
+attn TP ranks).
 """
 import collections
 import itertools

@@ -16,8 +16,9 @@ HOSTKV_LINKER_CONFIG (optional, JSON): HostkvLinker's options
 (linker_extra_config of the config flag's form). The TP rank and size come
 from SGLang's build context. Refused with a message (the engine does not
 start): no --enable-unified-cache-external-linker (SGLang would never start
-the layer-wise loads), hierarchical cache, a disabled radix cache,
-hybrid SWA or Mamba models, DSA.
+the layer-wise loads), hierarchical cache, a disabled radix cache, Mamba
+models, DSA. A hybrid sliding-window model gets SGLang's FULL and SWA tree
+components (HostkvLinker restores both).
 """
 import json
 import logging
@@ -45,9 +46,9 @@ def _check(ctx):
         problems.append("--enable-hierarchical-cache is set (the linker replaces HiCache)")
     if ctx.disable_radix_cache:
         problems.append("the radix cache is disabled")
-    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm or ctx.is_dsa:
-        problems.append("the model is hybrid (sliding window, Mamba) or DSA: HostkvLinker "
-                        "restores full-attention KV only")
+    if ctx.is_hybrid_ssm or getattr(ctx, "is_dsa", False):
+        problems.append("the model is hybrid with Mamba state, or DSA: HostkvLinker restores "
+                        "full-attention and sliding-window KV only")
     if problems:
         raise ValueError("--radix-cache-backend hostkv: " + "; ".join(problems))
 
@@ -65,7 +66,8 @@ def create_cache(ctx):
         raise ValueError("HOSTKV_LINKER_CONFIG must be a JSON object")
     extra.setdefault("tp_rank", ctx.tp_rank)
     extra.setdefault("tp_size", ctx.tp_size)
-    ctx.params.tree_components = (ComponentType.FULL,)
+    ctx.params.tree_components = ((ComponentType.FULL, ComponentType.SWA) if ctx.is_hybrid_swa
+                                  else (ComponentType.FULL,))
     cache = UnifiedRadixCache(ctx.params)
     linker = HostkvLinker(ctx.server_args, ctx.params, components=set(cache.components),
                           extra_config=extra)

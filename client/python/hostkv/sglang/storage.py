@@ -69,6 +69,18 @@ except ImportError:  # SGLang absent (tests, tools): the same defaults
 
 BUFFER_ONLY_RATIO = 8
 
+# SGLang's shm host-pool allocator (--hicache-mem-layout ... shm) exposes its
+# pool as a memfd, but makes it with MFD_CLOEXEC only
+# (storage/mmap/mmap_allocator.py alloc_shm @13e4fbf9): without
+# MFD_ALLOW_SEALING nobody can seal it against shrinking, and hostkvd maps
+# only sealed memfds (a peer that truncates a mapped segment would kill the
+# daemon with SIGBUS for every user). So pages are copied between that pool
+# and hostkvd's, as with any other allocator.
+SHM_ALLOCATOR_NOTE = (
+    "the engine's host pool is SGLang's shm allocator: its memfd is made without "
+    "MFD_ALLOW_SEALING, so hostkvd cannot map it (it maps only memfds sealed against "
+    "shrinking); pages are copied between it and hostkvd's pool")
+
 
 def _host_memory_mode():
     """SGLang's --hicache-host-memory-mode ("cache" or "buffer_only"): not in
@@ -137,6 +149,8 @@ class HostkvStorage(HybridPoolCalls, _Base):
                                             c.get("pool_name"), pool_tokens)
         _log.info("hostkv storage: namespace %s, hostkvd pool %s (%s)", self.namespace,
                   self._path.pool_name, type(self._path).__name__)
+        if getattr(getattr(mem_pool_host, "allocator", None), "fds", None):
+            _log.info(SHM_ALLOCATOR_NOTE)
 
     def close(self):
         """Ends the storage's own session (an in-process host pool's path);
