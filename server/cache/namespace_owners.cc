@@ -2,8 +2,10 @@
 
 #include "absl/strings/strip.h"
 #include "server/pool/pool_access.h"
+#include "server/pool/reserved_names.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "proto/contract/status_macros.h"
 
 namespace hostkv {
 namespace {
@@ -91,6 +93,8 @@ absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
   if (it != owners_.end()) {
     return CheckUseLocked(pool, name_space, it->second, who);
   }
+  RETURN_IF_ERROR(CheckReservedName(absl::StrCat("cache namespace of pool '", pool, "'"),
+                                    name_space, who));
   const NamespaceOwner owner = OwnerFor(who);
   uint32_t& claimed = claimed_[OwnerKey(owner)];
   if (claimed >= max_per_uid_) {

@@ -13,6 +13,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_spec.h"
+#include "server/pool/reserved_names.h"
 #include "server/state/pool_ledger.h"
 #include "server/state/state_keeper.h"
 #include "spdlog/spdlog.h"
@@ -159,6 +160,7 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
         "pool '", spec.name(), "' already exists",
         same ? "" : SpecDifference((*existing)->info().spec(), NormalizePoolSpec(spec))));
   }
+  RETURN_IF_ERROR(CheckReservedName("pool", spec.name(), who));
   const std::string what = absl::StrCat("pool '", spec.name(), "'");
   RETURN_IF_ERROR(CheckQuota(owner, geometry.total_bytes()));
   RETURN_IF_ERROR(budget_->Reserve(what, geometry.total_bytes()));

@@ -58,6 +58,7 @@ import time
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from .. import errors
+from .._owned_names import owner_prefix
 from .._pace import Pace
 from ..cache_calls import page_list, page_runs
 from ..client import Client
@@ -145,11 +146,13 @@ class HostkvLinker(UnifiedCacheLinker):
                                                                     "model")
         capacity = int(extra.get("hostkv_capacity_bytes", DEFAULT_CAPACITY_BYTES))
         swa_capacity = extra.get("hostkv_swa_capacity_bytes")
+        self._target = extra.get("hostkv_target") or None
         self._parts, self._route = build_parts(
             kvcache, params.page_size, model, tp_size, rank,
             str(extra.get("hostkv_namespace", "")),
             str(extra.get("hostkv_pool_prefix", "sglang")), capacity,
-            None if swa_capacity is None else int(swa_capacity))
+            None if swa_capacity is None else int(swa_capacity),
+            owner_prefix(self._target, bool(extra.get("hostkv_shared_names", False))))
         self._page_size = int(params.page_size)
         self._window_pages = 0
         if SWA in self._parts:
@@ -161,7 +164,6 @@ class HostkvLinker(UnifiedCacheLinker):
             raise ValueError(f"an SWA component over {type(kvcache).__name__}, which has no "
                              "sliding-window pool (swa_kv_pool)")
         self._rank = rank
-        self._target = extra.get("hostkv_target") or None
         self._client_name = f"sglang-linker-r{rank}"
         self._probes, self._reconnects = Pace(PROBE_SECONDS), Pace(RECONNECT_SECONDS)
         self._client = Client(self._target, client_name=self._client_name)

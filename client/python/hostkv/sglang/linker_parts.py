@@ -75,13 +75,13 @@ class LayerRoute:
 
 
 def build_parts(kvcache, page_size, model, tp_size, rank, extra, pool_prefix, capacity,
-                swa_capacity=None):
+                swa_capacity=None, owner=""):
     """({name: Part}, LayerRoute) for SGLang's device pool `kvcache`."""
     full = getattr(kvcache, "full_kv_pool", None)
     window = getattr(kvcache, "swa_kv_pool", None)
     if full is None and window is None:
         kv = DeviceKv(kvcache, page_size)
-        part = Part(KV, kv, Placement(model, kv, tp_size, rank, extra, pool_prefix), capacity)
+        part = Part(KV, kv, Placement(model, kv, tp_size, rank, extra, pool_prefix, owner), capacity)
         return {KV: part}, LayerRoute(layers=kv.layers)
     if full is None or window is None or not hasattr(kvcache, "layers_mapping"):
         raise errors.InvalidArgument(
@@ -104,9 +104,9 @@ def build_parts(kvcache, page_size, model, tp_size, rank, extra, pool_prefix, ca
                 f"layers_mapping names {len(locals_)} {name} layers for a pool of {kv.layers}")
     parts = {
         KV: Part(KV, kv_full, Placement(model, kv_full, tp_size, rank, f"{extra};part=kv",
-                                        pool_prefix), capacity),
+                                        pool_prefix, owner), capacity),
         SWA: Part(SWA, kv_window, Placement(model, kv_window, tp_size, rank,
-                                            f"{extra};part=swa", pool_prefix), swa_capacity),
+                                            f"{extra};part=swa", pool_prefix, owner), swa_capacity),
     }
     parts[SWA].place.namespace += ":swa"
     return parts, LayerRoute(mapping)

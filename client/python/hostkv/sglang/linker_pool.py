@@ -101,7 +101,7 @@ class DeviceKv:
 class Placement:
     """The pool and namespace of one rank."""
 
-    def __init__(self, model, kv, tp_size, rank, extra="", pool_prefix="sglang"):
+    def __init__(self, model, kv, tp_size, rank, extra="", pool_prefix="sglang", owner=""):
         self.rank, self.tp_size = int(rank), int(tp_size)
         if not 0 <= self.rank < self.tp_size:
             raise ValueError(f"rank {rank} is outside the TP world of {tp_size}")
@@ -114,8 +114,9 @@ class Placement:
         digest = hashlib.sha256(descriptor.encode()).hexdigest()
         readable = re.sub(r"[^A-Za-z0-9_.-]", "_",
                           str(model).rstrip("/").split("/")[-1])[:40] or "model"
-        self.pool = f"{pool_prefix}-{digest[:16]}-r{self.rank}"
-        self.namespace = f"sglang:{readable}:tp{self.tp_size}:r{self.rank}:{digest[:24]}"
+        # owner: "uid<N>.", names only this user may take (_owned_names).
+        self.pool = f"{owner}{pool_prefix}-{digest[:16]}-r{self.rank}"
+        self.namespace = f"{owner}sglang:{readable}:tp{self.tp_size}:r{self.rank}:{digest[:24]}"
         self.descriptor = descriptor
 
 

@@ -41,6 +41,15 @@ from .mediums import HostkvLoadStoreSpec
 
 logger = logging.getLogger("hostkv.vllm")
 
+
+_denied_logged = []
+
+
+def _log_denied(error):
+    if not _denied_logged:
+        _denied_logged.append(True)
+        logger.error("hostkv lookups are refused (%s); every lookup misses", error.message)
+
 # Keys per ListEvictions: an answer that fits a command ring slot.
 _EVICTIONS_PER_CALL = 2048
 
@@ -233,6 +242,12 @@ class HostkvOffloadingManager(OffloadingManager):
             except errors.NotFound:
                 self._release(_Hold(found, 0))
                 return None
+            except errors.PermissionDenied as e:
+                # Another user's namespace (its name shared on purpose):
+                # misses, never an exception in vLLM's scheduler.
+                self._release(_Hold(found, 0))
+                _log_denied(e)
+                return None
             except BaseException:
                 self._release(_Hold(found, 0))  # the ranks before hold references
                 raise
@@ -279,6 +294,9 @@ class HostkvOffloadingManager(OffloadingManager):
             try:
                 n = self._client.lookup(pool, namespace, keys).hits
             except errors.NotFound:
+                return None
+            except errors.PermissionDenied as e:
+                _log_denied(e)
                 return None
             hits = n if hits is None else min(hits, n)
         return hits

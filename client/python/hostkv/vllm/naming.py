@@ -36,9 +36,10 @@ class InstanceLayout:
 
     def __init__(self, model, revision, kv_dtype, hash_algo, hash_block_size,
                  gpu_block_size, offloaded_block_size, tensor_parallel_size,
-                 pipeline_parallel_size, extra="", pool_prefix="vllm"):
+                 pipeline_parallel_size, extra="", pool_prefix="vllm", owner=""):
         self.world_size = int(tensor_parallel_size) * int(pipeline_parallel_size)
         self.pool_prefix = pool_prefix
+        self.owner = owner  # "uid<N>.": names only this user may take (_owned_names)
         fields = [
             f"model={model}", f"revision={revision or ''}", f"kv_dtype={kv_dtype}",
             f"hash={hash_algo}", f"blocks={hash_block_size}/{gpu_block_size}/"
@@ -53,7 +54,7 @@ class InstanceLayout:
 
     @classmethod
     def of(cls, vllm_config, gpu_block_size, offloaded_block_size, extra="",
-           pool_prefix="vllm"):
+           pool_prefix="vllm", owner=""):
         model = vllm_config.model_config
         cache = vllm_config.cache_config
         parallel = vllm_config.parallel_config
@@ -64,13 +65,13 @@ class InstanceLayout:
                    kv_dtype, getattr(cache, "prefix_caching_hash_algo", "sha256"),
                    cache.block_size, gpu_block_size, offloaded_block_size,
                    getattr(parallel, "tensor_parallel_size", 1),
-                   getattr(parallel, "pipeline_parallel_size", 1), extra, pool_prefix)
+                   getattr(parallel, "pipeline_parallel_size", 1), extra, pool_prefix, owner)
 
     def namespace(self, rank):
         """The cache namespace of one rank's blocks, readable in `hostkv
         stats`: vllm:<model>:tp<T>pp<P>:r<rank>:<digest of everything>."""
         self._check_rank(rank)
-        name = (f"vllm:{self.readable}:tp{self.tensor_parallel_size}"
+        name = (f"{self.owner}vllm:{self.readable}:tp{self.tensor_parallel_size}"
                 f"pp{self.pipeline_parallel_size}:r{rank}:{self.digest}")
         assert len(name.encode()) <= _MAX_NAMESPACE
         return name
@@ -78,7 +79,7 @@ class InstanceLayout:
     def pool(self, rank):
         """The pool of one rank's blocks: <prefix>-<digest>-r<rank>."""
         self._check_rank(rank)
-        return f"{self.pool_prefix}-{self.digest[:16]}-r{rank}"
+        return f"{self.owner}{self.pool_prefix}-{self.digest[:16]}-r{rank}"
 
     def ranks(self):
         return range(self.world_size)

@@ -27,8 +27,9 @@ class GroupPlacement:
     """Built from an OffloadingConfig (duck-typed: groups, model, cache,
     parallel). `extra`: the operator's namespace text."""
 
-    def __init__(self, config, extra="", pool_prefix="vllm"):
+    def __init__(self, config, extra="", pool_prefix="vllm", owner=""):
         groups = tuple(config.groups)
+        self.owner = owner  # "uid<N>.": names only this user may take (_owned_names)
         if not groups:
             raise ValueError("the OffloadingConfig has no KV cache groups to offload")
         # The key's group index is OffloadingGroupConfig.group_id where vLLM
@@ -63,15 +64,16 @@ class GroupPlacement:
         return range(self.world_size)
 
     def pool(self, group_id, rank):
-        """<prefix>-<digest>-g<group>-r<rank>: one group's blocks of one rank."""
+        """[uid<N>.]<prefix>-<digest>-g<group>-r<rank>: one group's blocks of
+        one rank."""
         self._check(group_id, rank)
-        return f"{self.pool_prefix}-{self.digest[:16]}-g{group_id}-r{rank}"
+        return f"{self.owner}{self.pool_prefix}-{self.digest[:16]}-g{group_id}-r{rank}"
 
     def namespace(self, group_id, rank):
-        """vllm:<model>:tp<T>pp<P>:g<group>:r<rank>:<digest>, readable in
-        `hostkv stats`."""
+        """[uid<N>.]vllm:<model>:tp<T>pp<P>:g<group>:r<rank>:<digest>,
+        readable in `hostkv stats`."""
         self._check(group_id, rank)
-        name = (f"vllm:{self.readable}:tp{self.tp}pp{self.pp}:g{group_id}:r{rank}:"
+        name = (f"{self.owner}vllm:{self.readable}:tp{self.tp}pp{self.pp}:g{group_id}:r{rank}:"
                 f"{self.digest}")
         assert len(name.encode()) <= _MAX_NAMESPACE
         return name

@@ -36,6 +36,7 @@ from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
 from vllm.v1.kv_offload.spec import OffloadingSpec
 
 from .. import errors
+from .._owned_names import owner_prefix
 from ..client import Client
 from .blocks import check_tensors
 from .handlers import HostkvLoadHandler, HostkvStoreHandler, RankStore
@@ -89,7 +90,8 @@ class HostkvOffloadingSpec(OffloadingSpec):
         self._layout = InstanceLayout.of(
             vllm_config, self._gpu_block, self._gpu_block * self._factor,
             extra=str(extra.get("hostkv_namespace", "")),
-            pool_prefix=str(extra.get("hostkv_pool_prefix", "vllm")))
+            pool_prefix=str(extra.get("hostkv_pool_prefix", "vllm")),
+            owner=owner_prefix(self._target, bool(extra.get("hostkv_shared_names", False))))
         total = int(extra.get("cpu_bytes_to_use", extra.get("hostkv_capacity_bytes",
                                                             DEFAULT_CAPACITY_BYTES)))
         self._capacity_per_rank = max(1, total // self._layout.world_size)

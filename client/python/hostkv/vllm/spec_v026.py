@@ -19,6 +19,7 @@ from vllm.v1.kv_offload import base as vbase
 from .. import errors
 from ..client import Client
 from .manager_v026 import HostkvManager
+from .._owned_names import owner_prefix
 from .placement import GroupPlacement
 from .registration import attach_blocks_pool, register_tensors, warn_if_hashes_unseeded
 from .worker_v026 import GroupBuffers, HostkvWorker
@@ -38,9 +39,10 @@ class HostkvOffloadingSpec(vbase.OffloadingSpec):
         super().__init__(config)
         extra = self.extra_config
         self._target = extra.get("hostkv_target") or None
-        self._placement = GroupPlacement(config, extra=str(extra.get("hostkv_namespace", "")),
-                                         pool_prefix=str(extra.get("hostkv_pool_prefix",
-                                                                   "vllm")))
+        self._placement = GroupPlacement(
+            config, extra=str(extra.get("hostkv_namespace", "")),
+            pool_prefix=str(extra.get("hostkv_pool_prefix", "vllm")),
+            owner=owner_prefix(self._target, bool(extra.get("hostkv_shared_names", False))))
         total = int(extra.get("cpu_bytes_to_use", extra.get("hostkv_capacity_bytes",
                                                             DEFAULT_CAPACITY_BYTES)))
         if total <= 0:
