@@ -121,6 +121,19 @@ absl::StatusOr<EvictedKeys> Client::ListEvictions(const std::string& pool,
   return out;
 }
 
+absl::StatusOr<v1::ExplainMissesResponse> Client::ExplainMisses(
+    const std::string& pool, const std::string& cache_namespace,
+    const std::vector<std::string>& keys, uint32_t max_recent) {
+  v1::ExplainMissesRequest request;
+  request.set_session_id(impl_->session_id);
+  request.set_pool(pool);
+  request.set_namespace_(cache_namespace);
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_max_recent(max_recent);
+  return impl_->Call<v1::ExplainMissesRequest, v1::ExplainMissesResponse>(
+      &v1::HostKV::Stub::ExplainMisses, request);
+}
+
 absl::StatusOr<CopyPagesResult> Client::CopyPages(
     const std::string& pool, const std::vector<PageRange>& from,
     const std::vector<PageRange>& to) {

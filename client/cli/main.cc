@@ -6,6 +6,9 @@
 //   hostkv [--target=ADDR] lookup --pool=P --namespace=N KEY...
 //                                         how many keys (hex), from the
 //                                         first, the pool's cache holds
+//   hostkv [--target=ADDR] why --pool=P --namespace=N [KEY...]
+//                                         why the namespace's lookups miss:
+//                                         each key (hex), its latest misses
 //   hostkv [--target=ADDR] delete-pool NAME
 //   hostkv [--target=ADDR] demo           move pages through the daemon and
 //                                         verify every byte
@@ -24,6 +27,7 @@
 #include "demo.h"
 #include "hostkv/client.h"
 #include "stats_table.h"
+#include "why_report.h"
 
 ABSL_FLAG(std::string, target, "",
           "hostkvd address: unix:PATH, HOST:PORT or tcp:PORT (default: "
@@ -35,7 +39,8 @@ ABSL_FLAG(std::string, pool, "",
           "lookup: the pool (required); demo: the pool it creates and "
           "deletes (default demo)");
 ABSL_FLAG(std::string, namespace, "",
-          "lookup: the cache namespace (as the engine publishes it)");
+          "lookup, why: the cache namespace (as the engine publishes it)");
+ABSL_FLAG(uint32_t, recent, 10, "why: how many of the namespace's latest misses to show");
 ABSL_FLAG(std::string, attention, "mha", "demo: mha or mla");
 ABSL_FLAG(std::string, layout, "page_first",
           "demo: layer_first, page_first, page_first_direct or page_head");
@@ -56,6 +61,9 @@ constexpr char kUsage[] =
     "  lookup --pool=P --namespace=N KEY...\n"
     "                      how many of the keys (hex, 1..64 bytes each),\n"
     "                      from the first, are cached (takes no references)\n"
+    "  why --pool=P --namespace=N [--recent=10] [KEY...]\n"
+    "                      why lookups of the namespace miss: each key (hex)\n"
+    "                      cached or why not, and its latest misses\n"
     "  delete-pool NAME    delete a pool (as its owner or root)\n"
     "  demo [demo flags]   move pages through the daemon, verify every byte,\n"
     "                      then delete its pool\n"
@@ -87,6 +95,33 @@ int Lookup(hostkv::Client& client, const std::vector<char*>& args) {
     return 1;
   }
   std::fputs(hostkv::FormatLookup(hex, *result).c_str(), stdout);
+  return 0;
+}
+
+// `hostkv why`: exit 0 with the explanation, 1 on an error, 2 on bad usage.
+int Why(hostkv::Client& client, const std::vector<char*>& args) {
+  const std::string ns = absl::GetFlag(FLAGS_namespace);
+  if (absl::GetFlag(FLAGS_pool).empty() || ns.empty()) {
+    std::fprintf(stderr, "usage: hostkv why --pool=P --namespace=N [--recent=10] [KEY...]\n");
+    return 2;
+  }
+  std::vector<std::string> hex, keys;
+  for (size_t i = 2; i < args.size(); ++i) {
+    absl::StatusOr<std::string> key = hostkv::ParseHexKey(args[i]);
+    if (!key.ok()) {
+      std::fprintf(stderr, "hostkv why: %s\n", std::string(key.status().message()).c_str());
+      return 2;
+    }
+    hex.push_back(args[i]);
+    keys.push_back(*std::move(key));
+  }
+  auto result = client.ExplainMisses(absl::GetFlag(FLAGS_pool), ns, keys,
+                                     absl::GetFlag(FLAGS_recent));
+  if (!result.ok()) {
+    std::fprintf(stderr, "hostkv: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::fputs(hostkv::FormatWhy(ns, hex, *result).c_str(), stdout);
   return 0;
 }
 
@@ -179,6 +214,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "lookup") return Lookup(**client, args);
+  if (command == "why") return Why(**client, args);
   if (command == "demo") {
     hostkv::DemoOptions o;
     o.pool = absl::GetFlag(FLAGS_pool).empty() ? "demo" : absl::GetFlag(FLAGS_pool);

@@ -59,6 +59,13 @@ void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
         NamespaceText(ns.name()), CacheOwnerText(ns), n.cached_pages(),
         n.referenced_pages(), n.evictable_pages(), n.hits(), n.misses(),
         n.evictions(), n.already_cached(), n.conflicts());
+    if (ns.has_lookups() && ns.lookups().lookups() > 0) {
+      absl::StrAppend(out, "      ", FormatMissCounters(ns.lookups()), "\n");
+    }
+  }
+  if (p.has_unknown_namespace_lookups() && p.unknown_namespace_lookups().lookups() > 0) {
+    absl::StrAppend(out, "    namespaces never published in: ",
+                    FormatMissCounters(p.unknown_namespace_lookups()), "\n");
   }
 }
 
@@ -224,6 +231,20 @@ absl::StatusOr<std::string> ParseHexKey(const std::string& hex) {
     }
   }
   return absl::HexStringToBytes(hex);
+}
+
+std::string FormatMissCounters(const v1::MissCounters& c) {
+  std::string out = absl::StrFormat(
+      "lookups %d, first key published before in %d (%.1f%%: the hit rate without "
+      "evictions), missed %d",
+      c.lookups(), c.reusable_lookups(),
+      c.lookups() ? 100.0 * c.reusable_lookups() / c.lookups() : 0.0, c.missed_lookups());
+  if (c.missed_lookups() > 0) {
+    absl::StrAppendFormat(&out, ": never published %d, evicted %d, other namespace %d, "
+                          "refused %d", c.never_published(), c.evicted(),
+                          c.other_namespace(), c.refused());
+  }
+  return out;
 }
 
 std::string FormatLookup(const std::vector<std::string>& hex_keys,

@@ -24,6 +24,9 @@ absl::StatusOr<std::string> ParseHexKey(const std::string& hex);
 
 // `hostkv lookup`'s output: "hits: H of N keys", then per key its page or
 // "miss".
+// One line: a namespace's lookups and why they missed.
+std::string FormatMissCounters(const v1::MissCounters& c);
+
 std::string FormatLookup(const std::vector<std::string>& hex_keys,
                          const LookupResult& result);
 

@@ -67,6 +67,10 @@ size_t PageCache::HashOf(uint16_t ns, absl::string_view key) {
   return absl::Hash<std::pair<uint16_t, absl::string_view>>{}({ns, key});
 }
 
+uint64_t PageCache::KeyOnlyHash(absl::string_view key) {
+  return absl::Hash<absl::string_view>{}(key);
+}
+
 size_t PageCache::KeyHash::operator()(uint32_t page) const {
   const Entry& e = cache->AtUnchecked(page);
   return HashOf(e.ns, e.Key());
@@ -89,7 +93,8 @@ absl::StatusOr<std::unique_ptr<PageCache>> PageCache::Create(
 PageCache::PageCache(uint64_t num_pages)
     : num_pages_(num_pages),
       chunks_((num_pages + kChunkMask) >> kChunkBits),
-      keys_(0, KeyHash{this}, KeyEq{this}) {
+      keys_(0, KeyHash{this}, KeyEq{this}),
+      history_(MissHistory::SlotsFor(num_pages)) {
   static_assert(sizeof(Entry) == 96);
   // Room for every page at a load factor below 25/32, where the index
   // cleans its tombstones in place: it never grows (no rehash of millions of
@@ -268,6 +273,7 @@ PublishResult PageCache::PublishOneLocked(uint16_t ns, const PublishItem& item,
   }
   Count(ns, &CacheCounters::cached, 1);
   Count(ns, &CacheCounters::evictable, 1);
+  history_.Published(ns, hash, KeyOnlyHash(item.key));
   *page_out = page;
   return {PublishOutcome::kCached, page};
 }
@@ -339,6 +345,12 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     if (count_misses) {
       total_.misses += keys.size();
       unknown_namespace_misses_ += keys.size();
+      if (!keys.empty()) {
+        constexpr uint16_t kUnknown = MissHistory::kUnknownNamespace;
+        history_.CountLookup(kUnknown, false);
+        history_.CountMiss(kUnknown, name_space, keys[0],
+                           history_.Explain(kUnknown, 0, KeyOnlyHash(keys[0])), absl::Now());
+      }
     }
     return result;
   }
@@ -364,10 +376,27 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     }
   }
   const size_t hits = result.pages.size();
-  if (acquire) RETURN_IF_ERROR(ChargeReferences(hits));
+  if (acquire) {
+    if (absl::Status charged = ChargeReferences(hits); !charged.ok()) {
+      if (n > 0) {  // the engine recomputes: a miss, for a reason of ours
+        history_.CountLookup(ns, true);
+        history_.CountMiss(ns, name_space, keys[0], MissExplanation{MissReason::kRefused},
+                           absl::Now());
+      }
+      return charged;
+    }
+  }
   Count(ns, &CacheCounters::hits, static_cast<int64_t>(hits));
   if (count_misses) {
     Count(ns, &CacheCounters::misses, static_cast<int64_t>(n - hits));
+    if (n > 0) {
+      history_.CountLookup(ns, hits > 0 || history_.EverPublished(hashes[0]));
+      if (hits < n) {
+        history_.CountMiss(ns, name_space, keys[hits],
+                           history_.Explain(ns, hashes[hits], KeyOnlyHash(keys[hits])),
+                           absl::Now());
+      }
+    }
   }
   result.hits = hits;
   SessionRefs* held = acquire && hits > 0 ? &refs_[session] : nullptr;
@@ -408,12 +437,13 @@ absl::StatusOr<std::vector<uint64_t>> PageCache::ReferenceKeys(
 
 // ---- Eviction ---------------------------------------------------------
 
-void PageCache::EvictColdestLocked(size_t hash) {
+void PageCache::EvictColdestLocked(size_t hash, uint32_t for_session, absl::Time now) {
   const uint32_t page = coldest_;
   Entry& e = At(page);
   Unlink(page);
   keys_.erase(keys_.find(KeyRef{e.ns, e.Key(), hash}));
   evictions_.Record(e.ns, e.Key());
+  history_.Evicted(e.ns, hash, for_session, now);
   e.key_size = 0;
   if (ledger_ != nullptr) {
     ledger_->RecordEvicted(page);
@@ -433,18 +463,20 @@ EvictionList PageCache::ListEvictions(absl::string_view name_space,
   return evictions_.Read(it->second, after, max_keys);
 }
 
-std::vector<uint64_t> PageCache::EvictForAllocation(uint64_t needed) {
+std::vector<uint64_t> PageCache::EvictForAllocation(uint64_t needed,
+                                                     uint32_t for_session) {
   absl::MutexLock lock(&mu_);
   if (total_.cached - total_.referenced < needed) return {};
-  return EvictLocked(needed);
+  return EvictLocked(needed, for_session);
 }
 
 std::vector<uint64_t> PageCache::Evict(uint64_t max_pages) {
   absl::MutexLock lock(&mu_);
-  return EvictLocked(max_pages);
+  return EvictLocked(max_pages, 0);
 }
 
-std::vector<uint64_t> PageCache::EvictLocked(uint64_t max_pages) {
+std::vector<uint64_t> PageCache::EvictLocked(uint64_t max_pages, uint32_t for_session) {
+  const absl::Time now = absl::Now();
   std::vector<uint64_t> pages;
   pages.reserve(std::min(max_pages, total_.evictable));
   while (pages.size() < max_pages && coldest_ != kNone) {
@@ -455,7 +487,7 @@ std::vector<uint64_t> PageCache::EvictLocked(uint64_t max_pages) {
     // here (a 16-deep ring of hashed victims was slower at 10^7 pages).
     Prefetch(e.hotter);
     Prefetch(e.parent);
-    EvictColdestLocked(HashOf(e.ns, e.Key()));
+    EvictColdestLocked(HashOf(e.ns, e.Key()), for_session, now);
     pages.push_back(page);
   }
   return pages;

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "server/cache/cache_ledger.h"
 #include "server/cache/eviction_log.h"
+#include "server/cache/miss_history.h"
 #include "server/pool/slot_allocator.h"
 
 namespace hostkv {
@@ -61,6 +62,7 @@ struct CacheCounters {
 struct NamespaceCounters {
   std::string name;
   CacheCounters counters;
+  MissCounters misses;  // lookups, and why those that missed did
 };
 
 struct CacheStats {
@@ -68,6 +70,22 @@ struct CacheStats {
   // nothing was ever published in.
   CacheCounters total;
   std::vector<NamespaceCounters> namespaces;  // in order of first publish
+  MissCounters unknown_namespace;  // lookups in namespaces never published in
+};
+
+// A key as `hostkv why` shows it: cached in the namespace now, or why not.
+struct KeyExplanation {
+  bool cached = false;
+  MissExplanation why;
+  std::string other_namespace;  // why.reason kOtherNamespace: its name
+};
+
+// A recent miss with its namespace's name resolved.
+struct ExplainedMiss {
+  std::string key;
+  absl::Time when;
+  MissExplanation why;
+  std::string other_namespace;
 };
 
 enum class PublishOutcome {
@@ -250,7 +268,9 @@ class PageCache {
   // For an allocation short of `needed` pages: Evict(needed) if the
   // unreferenced cached pages make up the shortfall, else nothing (an
   // allocation bound to fail evicts no page). One lock for both.
-  std::vector<uint64_t> EvictForAllocation(uint64_t needed)
+  // `for_session`: the number of the session whose allocation it is (miss
+  // explanations name it; 0: none).
+  std::vector<uint64_t> EvictForAllocation(uint64_t needed, uint32_t for_session = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The keys of `name_space` evicted after eviction number `after`
@@ -312,6 +332,17 @@ class PageCache {
   // is dropped (the entry stays). Returns the pages cached.
   // FailedPrecondition if the cache is not empty.
   absl::StatusOr<std::vector<uint64_t>> Adopt(std::vector<AdoptedEntry> entries)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // For `hostkv why`: per key, whether it is cached in `name_space` now,
+  // else why not (as a lookup missing it would count it). Counts and
+  // touches nothing. REQUIRES: namespace and keys checked.
+  std::vector<KeyExplanation> ExplainKeys(absl::string_view name_space,
+                                          absl::Span<const absl::string_view> keys) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The latest misses of lookups in `name_space` (the pool remembers
+  // MissHistory::kRecent of all namespaces), newest first, at most `max`.
+  std::vector<ExplainedMiss> RecentMisses(absl::string_view name_space, size_t max) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   CacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -386,6 +417,8 @@ class PageCache {
   explicit PageCache(uint64_t num_pages);
 
   static size_t HashOf(uint16_t ns, absl::string_view key);
+  // The key's hash without its namespace (MissHistory: the key elsewhere).
+  static uint64_t KeyOnlyHash(absl::string_view key);
 
   // The entry of a page. REQUIRES: its chunk exists (the page is cached, or
   // EnsureChunk was called). The hasher and comparator of the key index
@@ -412,10 +445,11 @@ class PageCache {
                                  uint32_t* page_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evict's body.
-  std::vector<uint64_t> EvictLocked(uint64_t max_pages)
+  std::vector<uint64_t> EvictLocked(uint64_t max_pages, uint32_t for_session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the coldest evictable entry, whose key hashes to `hash`.
-  void EvictColdestLocked(size_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictColdestLocked(size_t hash, uint32_t for_session, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The LRU list holds exactly the evictable entries.
   static bool Evictable(const Entry& e);
@@ -438,6 +472,9 @@ class PageCache {
   // Cached children: one more, one fewer.
   void AddChild(uint32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropChild(uint32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kOtherNamespace's namespace name ("" for other reasons).
+  std::string OtherNamespaceLocked(const MissExplanation& why) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Adds delta to a counter of namespace ns and of the total.
   void Count(uint16_t ns, uint64_t CacheCounters::*field, int64_t delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -483,6 +520,8 @@ class PageCache {
   uint64_t total_refs_ ABSL_GUARDED_BY(mu_) = 0;  // all sessions, all pages
   CacheLedger* ledger_ = nullptr;
   EvictionLog evictions_ ABSL_GUARDED_BY(mu_);
+  // Why lookups missed: what was published and evicted, counters by reason.
+  MissHistory history_ ABSL_GUARDED_BY(mu_);
   // ReferenceCharge: references paid for in the budget.
   ReferenceCharge charge_;
   uint64_t charged_refs_ ABSL_GUARDED_BY(mu_) = 0;

@@ -55,7 +55,8 @@ uint64_t PageCache::MemoryBytes() const {
   for (const auto& [session, held] : refs_) {
     refs += held.by_page.capacity() * (2 * sizeof(uint32_t) + 1) + 16;
   }
-  return chunk_bytes_ + index + refs + chunks_.capacity() * sizeof(Chunk);
+  return chunk_bytes_ + index + refs + chunks_.capacity() * sizeof(Chunk) +
+         history_.MemoryBytes();
 }
 
 uint64_t PageCache::MaxMemoryBytes() const {
@@ -67,7 +68,7 @@ uint64_t PageCache::MaxMemoryBytes() const {
     const uint64_t entries = std::min<uint64_t>(kChunkMask + 1, num_pages_ - first);
     chunks += AllocatedSize(entries * sizeof(Entry));
   }
-  return chunks + index + chunks_.capacity() * sizeof(Chunk);
+  return chunks + index + chunks_.capacity() * sizeof(Chunk) + history_.MaxMemoryBytes();
 }
 
 CacheStats PageCache::Stats() const {
@@ -75,9 +76,11 @@ CacheStats PageCache::Stats() const {
   CacheStats stats;
   stats.total = total_;
   stats.namespaces.reserve(namespaces_.size());
-  for (const Namespace& n : namespaces_) {
-    stats.namespaces.push_back({n.name, n.counters});
+  for (size_t i = 0; i < namespaces_.size(); ++i) {
+    stats.namespaces.push_back({namespaces_[i].name, namespaces_[i].counters,
+                                history_.CountersOf(static_cast<uint16_t>(i))});
   }
+  stats.unknown_namespace = history_.CountersOf(MissHistory::kUnknownNamespace);
   return stats;
 }
 

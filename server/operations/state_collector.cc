@@ -51,6 +51,15 @@ struct CacheFamilies {
   prometheus::MetricFamily conflicts = Counter(
       "hostkv_cache_conflicts_total",
       "Publishes of a page already cached under another key");
+  prometheus::MetricFamily lookups = Counter(
+      "hostkv_cache_lookups_total", "Lookups in the namespace");
+  prometheus::MetricFamily reusable = Counter(
+      "hostkv_cache_reusable_lookups_total",
+      "Lookups whose first key had been published in the namespace before "
+      "(over hostkv_cache_lookups_total: the hit rate without evictions)");
+  prometheus::MetricFamily missed = Counter(
+      "hostkv_cache_missed_lookups_total",
+      "Lookups that missed, by the reason of their first missing key");
 
   void Add(const std::string& pool, const NamespaceCounters& ns) {
     auto put = [&](prometheus::MetricFamily& family, uint64_t value) {
@@ -73,11 +82,18 @@ struct CacheFamilies {
     put(evictions, c.evictions);
     put(already_cached, c.already_cached);
     put(conflicts, c.conflicts);
+    put(lookups, ns.misses.lookups);
+    put(reusable, ns.misses.reusable_lookups);
+    for (int r = 0; r < kMissReasons; ++r) {
+      put(missed, ns.misses.missed_by_reason[r]);
+      missed.metric.back().label.push_back(
+          {"reason", MissReasonName(static_cast<MissReason>(r))});
+    }
   }
   void AppendTo(std::vector<prometheus::MetricFamily>& out) {
     for (prometheus::MetricFamily* f : {&cached, &referenced, &evictable, &hits,
                                         &misses, &evictions, &already_cached,
-                                        &conflicts}) {
+                                        &conflicts, &lookups, &reusable, &missed}) {
       out.push_back(std::move(*f));
     }
   }

@@ -23,6 +23,17 @@ void FillCounters(const CacheCounters& c, v1::CacheCounters* out) {
 
 }  // namespace
 
+void FillMissCounters(const MissCounters& c, v1::MissCounters* out) {
+  out->set_lookups(c.lookups);
+  out->set_reusable_lookups(c.reusable_lookups);
+  out->set_missed_lookups(c.missed());
+  const auto& r = c.missed_by_reason;
+  out->set_never_published(r[static_cast<int>(MissReason::kNeverPublished)]);
+  out->set_evicted(r[static_cast<int>(MissReason::kEvicted)]);
+  out->set_other_namespace(r[static_cast<int>(MissReason::kOtherNamespace)]);
+  out->set_refused(r[static_cast<int>(MissReason::kRefused)]);
+}
+
 void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
                     v1::PoolStats* stats) {
   const CacheStats cache = pool.cache().Stats();
@@ -32,6 +43,7 @@ void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
     v1::CacheNamespaceStats* out = stats->add_cache_namespaces();
     out->set_name(ns.name);
     FillCounters(ns.counters, out->mutable_counters());
+    FillMissCounters(ns.misses, out->mutable_lookups());
     if (const std::optional<NamespaceOwner> owner =
             pool.namespaces().OwnerOf(ns.name);
         owner.has_value()) {
@@ -39,6 +51,7 @@ void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
       out->set_owner_unverified(owner->unverified);
     }
   }
+  FillMissCounters(cache.unknown_namespace, stats->mutable_unknown_namespace_lookups());
   stats->set_cache_reserved_bytes(pool.cache().MaxMemoryBytes());
   if (pool.ledger() != nullptr) {
     stats->set_ledger_reserved_bytes(PoolLedger::BytesFor(pool.geometry().num_pages()));

@@ -24,6 +24,10 @@ void FillPoolStats(const HostPool& pool,
 void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
                     v1::PoolStats* stats);
 
+// The lookups of a namespace and why they missed (GetPoolStats,
+// ExplainMisses).
+void FillMissCounters(const MissCounters& c, v1::MissCounters* out);
+
 // Identity, liveness and holdings of `session` across `pools`.
 void FillSessionInfo(const Session& session,
                      const std::vector<std::shared_ptr<HostPool>>& pools,

@@ -34,7 +34,9 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
   PageCache& cache = pool->cache();
   absl::StatusOr<std::vector<PageRun>> allocated = pool->allocator().Allocate(
       request.num_tokens() / page_size, session->tag(),
-      [&cache](uint64_t needed) { return cache.EvictForAllocation(needed); });
+      [&cache, number = static_cast<uint32_t>(session->tag())](uint64_t needed) {
+        return cache.EvictForAllocation(needed, number);
+      });
   if (!allocated.ok()) {
     if (metrics_ != nullptr) metrics_->RecordAllocFailure("pool_full");
     return allocated.status();

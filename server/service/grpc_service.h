@@ -36,6 +36,7 @@ namespace hostkv {
   X(Publish, PublishRequest, PublishResponse)                                \
   X(Lookup, LookupRequest, LookupResponse)                                   \
   X(ListEvictions, ListEvictionsRequest, ListEvictionsResponse)              \
+  X(ExplainMisses, ExplainMissesRequest, ExplainMissesResponse)              \
   X(Release, ReleaseRequest, ReleaseResponse)                                \
   X(CopyPages, CopyPagesRequest, CopyPagesResponse)                          \
   X(GetPoolStats, GetPoolStatsRequest, GetPoolStatsResponse)

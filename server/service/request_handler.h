@@ -142,6 +142,9 @@ class RequestHandler {
   // with Lookup's access check.
   absl::StatusOr<v1::ListEvictionsResponse> ListEvictions(
       const v1::ListEvictionsRequest& request);
+  // Why lookups of a namespace miss (PageCache::ExplainKeys, RecentMisses).
+  absl::StatusOr<v1::ExplainMissesResponse> ExplainMisses(
+      const v1::ExplainMissesRequest& request);
   absl::StatusOr<v1::CopyPagesResponse> CopyPages(
       const v1::CopyPagesRequest& request);
 

@@ -300,6 +300,12 @@ class Client {
   absl::StatusOr<EvictedKeys> ListEvictions(const std::string& pool,
                                             const std::string& cache_namespace,
                                             uint64_t after, uint32_t max_keys = 2048);
+  // Why lookups of `cache_namespace` miss: each key cached now or why not,
+  // the namespace's latest misses (at most max_recent, newest first), its
+  // lookup counters and a hint when its lookups and publishes never meet.
+  absl::StatusOr<v1::ExplainMissesResponse> ExplainMisses(
+      const std::string& pool, const std::string& cache_namespace,
+      const std::vector<std::string>& keys, uint32_t max_recent = 10);
   // Copies page i of `from` into page i of `to` inside the daemon (every
   // layer, the pool's layout) and returns once the bytes are copied. `from`:
   // cached pages the session references, or pages it owns; `to`: pages it

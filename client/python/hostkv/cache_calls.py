@@ -267,6 +267,18 @@ class CacheCalls:
             max_keys=max_keys))
         return Evictions(list(response.keys), response.next, response.missed)
 
+    def explain_misses(self, pool, namespace, keys=(), max_recent=10):
+        """Why lookups of `namespace` miss (`hostkv why`): the
+        ExplainMissesResponse: keys (each cached now, or its reason:
+        NEVER_PUBLISHED, EVICTED with evicted_seconds_ago and
+        evicted_for_session, OTHER_NAMESPACE with other_namespace,
+        REFUSED), recent (the namespace's latest misses, newest first),
+        lookups (its MissCounters) and hint (set when its lookups and
+        publishes never meet). Access as Lookup."""
+        return self._call(self._stub.ExplainMisses, pb.ExplainMissesRequest(
+            session_id=self.session_id, pool=pool, namespace=namespace,
+            keys=[cache_key(k) for k in keys], max_recent=max_recent))
+
     def copy_pages(self, pool, from_pages, to_pages):
         """Copies page i of `from_pages` into page i of `to_pages` inside the
         daemon (every layer, the pool's layout); returns the pages copied
