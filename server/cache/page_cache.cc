@@ -378,11 +378,7 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
   const size_t hits = result.pages.size();
   if (acquire) {
     if (absl::Status charged = ChargeReferences(hits); !charged.ok()) {
-      if (n > 0) {  // the engine recomputes: a miss, for a reason of ours
-        history_.CountLookup(ns, true);
-        history_.CountMiss(ns, name_space, keys[0], MissExplanation{MissReason::kRefused},
-                           absl::Now());
-      }
+      if (n > 0) CountRefusedLocked(name_space, keys[0]);
       return charged;
     }
   }

@@ -340,6 +340,10 @@ class PageCache {
   std::vector<KeyExplanation> ExplainKeys(absl::string_view name_space,
                                           absl::Span<const absl::string_view> keys) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A lookup (of `first_key` first) its caller refused (a reference limit):
+  // the engine recomputes, so it counts as a miss, for reason kRefused.
+  void CountRefusedLookup(absl::string_view name_space, absl::string_view first_key)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The latest misses of lookups in `name_space` (the pool remembers
   // MissHistory::kRecent of all namespaces), newest first, at most `max`.
   std::vector<ExplainedMiss> RecentMisses(absl::string_view name_space, size_t max) const
@@ -472,6 +476,8 @@ class PageCache {
   // Cached children: one more, one fewer.
   void AddChild(uint32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropChild(uint32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountRefusedLocked(absl::string_view name_space, absl::string_view first_key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // kOtherNamespace's namespace name ("" for other reasons).
   std::string OtherNamespaceLocked(const MissExplanation& why) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -11,6 +11,23 @@ std::string PageCache::OtherNamespaceLocked(const MissExplanation& why) const {
   return namespaces_[why.other_ns].name;
 }
 
+void PageCache::CountRefusedLookup(absl::string_view name_space,
+                                   absl::string_view first_key) {
+  absl::MutexLock lock(&mu_);
+  CountRefusedLocked(name_space, first_key);
+}
+
+void PageCache::CountRefusedLocked(absl::string_view name_space,
+                                   absl::string_view first_key) {
+  const auto it = namespace_ids_.find(name_space);
+  const uint16_t ns = it == namespace_ids_.end() ? MissHistory::kUnknownNamespace : it->second;
+  const bool reusable =
+      ns != MissHistory::kUnknownNamespace && history_.EverPublished(HashOf(ns, first_key));
+  history_.CountLookup(ns, reusable);
+  history_.CountMiss(ns, name_space, first_key, MissExplanation{MissReason::kRefused},
+                     absl::Now());
+}
+
 std::vector<KeyExplanation> PageCache::ExplainKeys(
     absl::string_view name_space, absl::Span<const absl::string_view> keys) const {
   std::vector<KeyExplanation> out(keys.size());

@@ -140,7 +140,12 @@ absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
   RETURN_IF_ERROR(pool.namespaces().CheckUse(pool.name(), request.namespace_(),
                                              Principal::Of(*target.session)));
   if (request.acquire()) {
-    RETURN_IF_ERROR(CheckReferenceLimit(target, request.keys_size()));
+    if (absl::Status limit = CheckReferenceLimit(target, request.keys_size()); !limit.ok()) {
+      if (request.keys_size() > 0) {
+        pool.cache().CountRefusedLookup(request.namespace_(), request.keys(0));
+      }
+      return limit;
+    }
   }
   std::vector<absl::string_view> keys(request.keys().begin(),
                                       request.keys().end());

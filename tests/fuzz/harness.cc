@@ -78,6 +78,8 @@ void Harness::Dispatch(int op) {
       return DoCopyPages();
     case kListEvictions:
       return DoListEvictions();
+    case kExplainMisses:
+      return DoExplainMisses();
     case kFree:
       return DoFree();
     case kLoad:
@@ -175,7 +177,8 @@ void Harness::PrintStats() const {
                                        "Lookup",
                                        "Release",
                                        "CopyPages",
-                                       "ListEvictions"};
+                                       "ListEvictions",
+                                       "ExplainMisses"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
   std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
   for (int op = 0; op < kOpCount; ++op) {

@@ -98,6 +98,7 @@ class Harness {
     kRelease,
     kCopyPages,
     kListEvictions,
+    kExplainMisses,
     kOpCount
   };
 
@@ -226,6 +227,7 @@ class Harness {
   void DoRelease();
   void DoCopyPages();
   void DoListEvictions();
+  void DoExplainMisses();
   // Cached pages of every pool the model says no session references are
   // not referenced; the allocator's cached pages are the cache's.
   void CheckCacheInvariants(const HostPool& pool);

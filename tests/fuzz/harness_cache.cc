@@ -254,6 +254,53 @@ void Harness::DoListEvictions() {
   }
 }
 
+void Harness::DoExplainMisses() {
+  v1::ExplainMissesRequest r;
+  r.set_session_id(PickSessionId());
+  r.set_pool(PickPoolName());
+  r.set_namespace_(PickNamespace());
+  const int n = OneIn(16) ? 1100 : fdp_->ConsumeIntegralInRange<int>(0, 6);
+  for (int i = 0; i < n; ++i) r.add_keys(PickCacheKey());
+  r.set_max_recent(OneIn(8) ? static_cast<uint32_t>(PickU64(1u << 20))
+                            : fdp_->ConsumeIntegralInRange<uint32_t>(0, 16));
+  const auto pool = FindPool(r.pool());
+  SessionModel* m = FindLive(r.session_id());
+  auto s = handler_.ExplainMisses(r);
+  Note(s.ok());
+  if (!CheckSessionAnswer(r.session_id(), s.status(), "ExplainMisses")) return;
+  if (pool == nullptr) {
+    FUZZ_CHECK(IsUnknownPoolAnswer(r.pool(), s.status()), "ExplainMisses in unknown pool");
+    return;
+  }
+  if (!MayUsePool(pool_owners_.at(r.pool()), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()), "ExplainMisses in a pool the "
+               "session may not use: ", s.status().ToString());
+    return;
+  }
+  bool bad_key = false;
+  for (const std::string& key : r.keys()) bad_key |= !ValidKey(key, false);
+  if (!ValidNamespace(r.namespace_()) || r.keys_size() > 1024 || r.max_recent() > 1024 ||
+      bad_key) {
+    FUZZ_CHECK(absl::IsInvalidArgument(s.status()), "ExplainMisses of bad input: ",
+               s.status().ToString());
+    return;
+  }
+  if (!MayUseNamespace(*pool, r.namespace_(), *m)) {
+    FUZZ_CHECK(absl::IsPermissionDenied(s.status()),
+               "ExplainMisses in a namespace of another owner: ", s.status().ToString());
+    return;
+  }
+  FUZZ_CHECK(s.ok(), "ExplainMisses refused: ", s.status().ToString());
+  FUZZ_CHECK(s->keys_size() == r.keys_size() &&
+                 s->recent_size() <= static_cast<int>(r.max_recent()),
+             "ExplainMisses: ", s->keys_size(), " keys, ", s->recent_size(), " recent");
+  for (int i = 0; i < s->keys_size(); ++i) {
+    const bool cached = pool->cache().PageOf(r.namespace_(), r.keys(i)) != PageCache::kNotCached;
+    FUZZ_CHECK(s->keys(i).cached() == cached && s->keys(i).key() == r.keys(i),
+               "ExplainMisses: key ", i, " cached ", s->keys(i).cached(), " vs ", cached);
+  }
+}
+
 void Harness::DoRelease() {
   v1::ReleaseRequest r;
   r.set_session_id(PickSessionId());
