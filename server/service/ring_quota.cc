@@ -1,6 +1,7 @@
 #include "server/service/ring_quota.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@ namespace hostkv {
 RingCpuAccount::RingCpuAccount(double cores, absl::Duration burst)
     : cores_(cores),
       burst_(burst),
+      max_running_(cores > 0 ? static_cast<uint32_t>(std::ceil(cores)) : 0),
       // Empty at first: a uid that closes its last ring and opens another
       // gets no credit from it.
       balance_(absl::ZeroDuration()),
@@ -37,6 +39,27 @@ absl::Duration RingCpuAccount::Overdrawn() {
   Refill(absl::Now());
   if (balance_ >= absl::ZeroDuration()) return absl::ZeroDuration();
   return -balance_ / cores_;
+}
+
+bool RingCpuAccount::BeginCall(const absl::Notification& stop) {
+  absl::MutexLock lock(&mu_);
+  if (max_running_ != 0) {
+    auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return running_ < max_running_;
+    };
+    // Rechecks `stop` now and then: it is not under mu_.
+    while (
+        !mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(20))) {
+      if (stop.HasBeenNotified()) return false;
+    }
+  }
+  ++running_;
+  return true;
+}
+
+void RingCpuAccount::EndCall() {
+  absl::MutexLock lock(&mu_);
+  --running_;
 }
 
 absl::Duration RingCpuAccount::charged() const {

@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/pool/memory_budget.h"
 
@@ -37,7 +38,9 @@ struct RingLimits {
 };
 
 // One uid's ring CPU: a bucket of CPU time filled at `cpu_per_uid` cores,
-// at most `cpu_burst` full, that the uid's ring threads draw from.
+// at most `cpu_burst` full, that the uid's ring threads draw from; and at
+// most ceil(cpu_per_uid) of the uid's calls run at once, so that its rings
+// waking together (when the bucket refills) take no more CPUs than that.
 // Thread-safe.
 class RingCpuAccount {
  public:
@@ -52,12 +55,21 @@ class RingCpuAccount {
   // CPU charged so far (tests, stats).
   absl::Duration charged() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Waits until fewer than ceil(cores) of the uid's calls run (at once
+  // without a bound), or until `stop` is notified. Returns true if the
+  // caller may run its call, and must then call EndCall() after it; false
+  // if it stopped.
+  bool BeginCall(const absl::Notification& stop) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndCall() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   void Refill(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const double cores_;
   const absl::Duration burst_;
+  const uint32_t max_running_;  // 0: no bound
   mutable absl::Mutex mu_;
+  uint32_t running_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration balance_ ABSL_GUARDED_BY(mu_);
   absl::Time filled_ ABSL_GUARDED_BY(mu_);
   absl::Duration charged_ ABSL_GUARDED_BY(mu_);

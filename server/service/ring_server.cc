@@ -163,7 +163,10 @@ bool RingServer::ServeSubmitted() {
     // Once per pass: the calls of one pass may overdraw the uid's share by
     // at most the ring's slots.
     if (!served && WaitForCpu()) return true;  // waited: look again
+    RingCpuAccount* cpu = grant_.cpu();
+    if (cpu != nullptr && !cpu->BeginCall(stopping_)) return true;  // stopped
     Serve(slot);
+    if (cpu != nullptr) cpu->EndCall();
     served = true;
   }
   return served;

@@ -3,6 +3,8 @@
 // the grant, and the per-uid CPU account.
 #include "server/service/ring_quota.h"
 
+#include <atomic>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -117,10 +119,41 @@ TEST(RingCpuAccountTest, RefillsAtItsRateUpToTheBurst) {
   EXPECT_EQ(absl::Milliseconds(30), account.charged());
 }
 
+TEST(RingCpuAccountTest, OneCoreRunsOneCallAtOnce) {
+  RingCpuAccount account(1.0, absl::Milliseconds(20));
+  absl::Notification stop;
+  ASSERT_TRUE(account.BeginCall(stop));
+  std::atomic<bool> second{false};
+  std::thread other([&] {
+    if (account.BeginCall(stop)) {
+      second = true;
+      account.EndCall();
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(second.load());  // waits for the first call's turn
+  account.EndCall();
+  other.join();
+  EXPECT_TRUE(second.load());
+}
+
+TEST(RingCpuAccountTest, AWaitingCallEndsWhenTheRingStops) {
+  RingCpuAccount account(0.5, absl::Milliseconds(20));
+  absl::Notification stop;
+  ASSERT_TRUE(account.BeginCall(stop));
+  std::thread other([&] { EXPECT_FALSE(account.BeginCall(stop)); });
+  stop.Notify();
+  other.join();
+  account.EndCall();
+}
+
 TEST(RingCpuAccountTest, ZeroCoresIsNoBound) {
   RingCpuAccount account(0, absl::Milliseconds(20));
   account.Charge(absl::Seconds(10));
   EXPECT_EQ(absl::ZeroDuration(), account.Overdrawn());
+  absl::Notification stop;
+  EXPECT_TRUE(account.BeginCall(stop));
+  EXPECT_TRUE(account.BeginCall(stop));  // calls at once: no bound either
   EXPECT_EQ(absl::Seconds(10), account.charged());
 }
 
