@@ -208,8 +208,13 @@ void MetricsEndpoint::Loop() {
   for (;;) {
     fds.clear();
     fds.push_back({stop_read_.get(), POLLIN, 0});
-    fds.push_back({listener_.get(), POLLIN, 0});
+    // Out of descriptors, the listener stays readable: it is left out of
+    // the poll for a while instead of spinning on it.
+    const bool accepting = absl::Now() >= accept_paused_until_;
+    fds.push_back(
+        {listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
     absl::Time next = absl::Now() + absl::Seconds(1);
+    if (!accepting) next = std::min(next, accept_paused_until_);
     for (const Connection& c : connections_) {
       fds.push_back({c.fd.get(),
                      static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
@@ -251,7 +256,12 @@ void MetricsEndpoint::AcceptSome() {
     socklen_t length = sizeof(peer);
     ScopedFd fd(accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer),
                         &length, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (fd.get() < 0) return;  // none waiting, or out of descriptors
+    if (fd.get() < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        accept_paused_until_ = absl::Now() + absl::Milliseconds(100);
+      }
+      return;  // none waiting, or out of descriptors
+    }
     Connection c;
     c.peer = PeerAddress(peer, length);
     const size_t from_peer =

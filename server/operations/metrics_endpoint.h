@@ -115,6 +115,7 @@ class MetricsEndpoint {
   ScopedFd stop_write_;
   // The thread's own.
   std::vector<Connection> connections_;
+  absl::Time accept_paused_until_;  // after EMFILE/ENFILE
   std::thread thread_;
   mutable WarningThrottle refusals_{absl::Seconds(10)};
 };
