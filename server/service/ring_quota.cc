@@ -12,9 +12,10 @@ RingCpuAccount::RingCpuAccount(double cores, absl::Duration burst)
     : cores_(cores),
       burst_(burst),
       max_running_(cores > 0 ? static_cast<uint32_t>(std::ceil(cores)) : 0),
-      // Empty at first: a uid that closes its last ring and opens another
-      // gets no credit from it.
-      balance_(absl::ZeroDuration()),
+      // Full at first: a ring that alone uses at most one core of a share
+      // of one core or more never waits. A uid that closes its last ring
+      // and opens another (a new session and ring) gets at most one burst.
+      balance_(burst),
       filled_(absl::Now()),
       charged_(absl::ZeroDuration()) {}
 

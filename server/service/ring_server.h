@@ -13,6 +13,7 @@
 #define HOSTKV_SERVER_SERVICE_RING_SERVER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -66,8 +67,9 @@ class RingServer {
     return reinterpret_cast<RingHeader*>(segment_.data());
   }
   void Loop();
-  // Charges the CPU this thread used since the last charge to its uid.
-  void ChargeCpu();
+  // Charges the CPU this thread used since the last charge to its uid;
+  // with `now_or_later`, only if kChargeEvery passed since then.
+  void ChargeCpu(bool now_or_later = false);
   // Waits while the uid's CPU is overdrawn (or until Stop); true if it did.
   bool WaitForCpu();
   // Serves every slot submitted now; true if there was one (or if it
@@ -87,6 +89,8 @@ class RingServer {
   std::atomic<bool> stop_{false};
   absl::Notification stopping_;  // Stop() was called
   absl::Duration cpu_mark_;      // the thread's CPU time when last charged
+  std::chrono::steady_clock::time_point charged_at_;  // and when
+  static constexpr std::chrono::microseconds kChargeEvery{500};
   std::atomic<bool> ended_{false};
   std::atomic<uint64_t> calls_{0};
   std::thread thread_;
