@@ -274,6 +274,8 @@ absl::Status StartMetrics(const DaemonOptions& o, Daemon& d) {
   MetricsEndpointOptions options;
   options.listen = o.metrics_listen;
   options.namespace_names = o.metrics_namespace_names;
+  options.label_key = o.metrics_label_key;
+  options.connections_per_peer = o.metrics_connections_per_peer;
   if (!o.metrics_token.empty()) {
     auto token = std::make_shared<const TokenAuthorizer>(o.metrics_token);
     options.authorize = [token](absl::string_view authorization) {

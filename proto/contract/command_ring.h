@@ -1,6 +1,6 @@
 // The command ring: a session's hot calls (Alloc, Free, Load, Backup,
 // Lookup, Release, Publish) through shared memory instead of gRPC. Shared
-// by hostkvd (server/service/command_ring.h) and the clients
+// by hostkvd (server/service/ring_server.h) and the clients
 // (client/command_ring_client.h, client/python/hostkv/_command_ring.py).
 //
 // An attached session asks for its ring on the session socket

@@ -1,31 +1,9 @@
 #include "proto/contract/op_signal.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <ctime>
-
 #include "absl/strings/str_cat.h"
 #include "proto/contract/command_ring.h"
 
 namespace hostkv {
-
-// Shared (not FUTEX_PRIVATE) futexes: the word lives in a segment mapped by
-// two processes.
-void FutexWakeShared(const std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE,
-          INT32_MAX, nullptr, nullptr, 0);
-}
-
-void FutexWaitShared(const std::atomic<uint32_t>* word, uint32_t expected,
-                     absl::Duration timeout) {
-  timespec ts = absl::ToTimespec(timeout);
-  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAIT,
-          expected, &ts, nullptr, 0);
-}
-
 
 void BeginOpSignal(OpSignal& signal, uint64_t op_id) {
   signal.op_id.store(op_id, std::memory_order_seq_cst);

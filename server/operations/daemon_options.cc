@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <sched.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,15 +66,17 @@ ABSL_FLAG(std::string, log_format, "text",
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT serving Prometheus /metrics (e.g. 0.0.0.0:9464); empty = "
           "no metrics endpoint. It shows counts per pool and per page-cache "
-          "namespace (hashed unless --metrics_namespace_names)");
+          "namespace (both hashed with a key unless "
+          "--metrics_namespace_names)");
 ABSL_FLAG(std::string, metrics_token_file, "",
           "file holding a token /metrics then asks for ('Authorization: "
           "Bearer <token>', else 401); refused if other users may read or "
           "write it (chmod 0600; group access is allowed)");
 ABSL_FLAG(bool, metrics_namespace_names, false,
-          "label the page-cache series of /metrics with each namespace's name "
-          "instead of the first 12 hex digits of its SHA-256 (names can tell "
-          "one user what another runs: for single-tenant nodes)");
+          "label the series of /metrics with each namespace's and pool's name "
+          "instead of the first 12 hex digits of its HMAC-SHA256 under "
+          "--metrics_label_key_file's key (names can tell one user what "
+          "another runs: for single-tenant nodes)");
 ABSL_FLAG(bool, keep_state, true,
           "keep pools, their pages, sessions and cached keys across a restart "
           "or crash of hostkvd: a state keeper process on <socket>.state holds "
@@ -178,6 +181,24 @@ ABSL_FLAG(bool, dma_prefer_overlap, true,
           "MECHANISM_DIRECT batches ask the driver to prefer copy engines that "
           "overlap with compute (cudaMemcpyFlagPreferOverlapWithCompute)");
 
+// Command rings and /metrics, per user (server/service/ring_quota.h,
+// server/operations/metrics_endpoint.h).
+ABSL_FLAG(int, max_command_rings_per_uid, 16,
+          "command rings one uid may hold (each: a thread and a 2 MiB "
+          "segment charged to --memory_budget); default 16");
+ABSL_FLAG(std::string, ring_cpu_per_uid, "auto",
+          "cores the command-ring threads of one uid may use on average "
+          "(their calls and their spin); beyond it that uid's rings wait. "
+          "auto (default): a quarter of the CPUs the daemon may use, at "
+          "least 1; 0: no bound");
+ABSL_FLAG(int, metrics_connections_per_peer, 4,
+          "/metrics connections open at once from one peer address; "
+          "default 4");
+ABSL_FLAG(std::string, metrics_label_key_file, "",
+          "file holding the key of /metrics' hashed namespace and pool labels "
+          "(HMAC-SHA256); the same key gives the same labels on every node "
+          "and across restarts. Default empty: a random key at each start");
+
 namespace hostkv {
 namespace {
 
@@ -243,7 +264,11 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "health_probe_without_token",
                                              "max_health_watches",
                                              "gpu_wait_timeout",
-                                             "dma_prefer_overlap"};
+                                             "dma_prefer_overlap",
+                                             "max_command_rings_per_uid",
+                                             "ring_cpu_per_uid",
+                                             "metrics_connections_per_peer",
+                                             "metrics_label_key_file"};
 
 absl::StatusOr<uint64_t> ByteFlag(const char* name, const std::string& value) {
   absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
@@ -285,6 +310,41 @@ absl::StatusOr<v1::PoolAccess> AccessFlag(const char* name,
         absl::StrCat("--", name, ": ", access.status().message()));
   }
   return access;
+}
+
+// The per-user bounds of command rings and /metrics connections.
+absl::Status ReadRingAndMetricsBounds(DaemonOptions& o) {
+  ASSIGN_OR_RETURN(o.connections.max_command_rings_per_uid,
+                   CountFlag("max_command_rings_per_uid",
+                             absl::GetFlag(FLAGS_max_command_rings_per_uid)));
+  const std::string cpu_text = absl::GetFlag(FLAGS_ring_cpu_per_uid);
+  double cpu = std::max(1u, UsableCpus() / 4);
+  if (cpu_text != "auto" && (!absl::SimpleAtod(cpu_text, &cpu) ||
+                             !(cpu >= 0) || cpu > 1024)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ring_cpu_per_uid must be auto or cores in [0, 1024], "
+                     "got '", cpu_text, "'"));
+  }
+  if (cpu > 0 && cpu < 0.01) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ring_cpu_per_uid below 0.01 cores starves the rings, got ", cpu));
+  }
+  o.connections.ring_cpu_per_uid = cpu;
+  ASSIGN_OR_RETURN(o.metrics_connections_per_peer,
+                   CountFlag("metrics_connections_per_peer",
+                             absl::GetFlag(FLAGS_metrics_connections_per_peer)));
+  const std::string key_file = absl::GetFlag(FLAGS_metrics_label_key_file);
+  if (!key_file.empty()) {
+    ASSIGN_OR_RETURN(o.metrics_label_key,
+                     ReadSecretFile("metrics_label_key_file", key_file, "a key"));
+  } else {
+    o.metrics_label_key.resize(32);
+    if (getrandom(o.metrics_label_key.data(), o.metrics_label_key.size(), 0) !=
+        static_cast<ssize_t>(o.metrics_label_key.size())) {
+      return absl::InternalError("no random bytes for the /metrics label key");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReadCacheOptions(DaemonOptions& o) {
@@ -521,6 +581,7 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
         "--state_keep_for must be at least 1s (e.g. 10m)");
   }
   ASSIGN_OR_RETURN(o.tier, ReadTierFlags());
+  RETURN_IF_ERROR(ReadRingAndMetricsBounds(o));
   return o;
 }
 

@@ -61,6 +61,11 @@ struct DaemonOptions {
   std::string metrics_listen;  // --metrics_listen
   std::string metrics_token;   // from --metrics_token_file; empty: none asked
   bool metrics_namespace_names = false;  // --metrics_namespace_names
+  // --metrics_connections_per_peer (the ring bounds are in `connections`).
+  uint32_t metrics_connections_per_peer = 4;
+  // The key of hashed /metrics labels: --metrics_label_key_file's, or
+  // random at each start.
+  std::string metrics_label_key;
   // Restarts (deploy/README.md "Restarts and upgrades").
   bool keep_state = true;      // --keep_state
   bool discard_state = false;  // --discard_state

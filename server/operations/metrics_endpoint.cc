@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -29,8 +30,13 @@ namespace hostkv {
 namespace {
 
 constexpr size_t kMaxRequestBytes = 8 << 10;
-constexpr absl::Duration kConnectionTime = absl::Seconds(5);
-constexpr int kWorkers = 2;
+// A request head has this long from the connection's accept; the answer
+// then has kAnswerTime to be taken.
+constexpr absl::Duration kHeadTime = absl::Seconds(2);
+constexpr absl::Duration kAnswerTime = absl::Seconds(5);
+// Connections accepted per round of the loop, so that the connections
+// already open are read between bursts of new ones.
+constexpr int kAcceptsPerRound = 16;
 
 // A listening TCP socket (nonblocking) on `address`, and the port bound.
 absl::StatusOr<ScopedFd> Listen(const std::string& address, int* port) {
@@ -130,24 +136,22 @@ bool ParseRequest(absl::string_view head, HttpRequest* request) {
   return true;
 }
 
-std::string Peer(int fd) {
-  sockaddr_storage peer{};
-  socklen_t length = sizeof(peer);
-  char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
-    getnameinfo(reinterpret_cast<sockaddr*>(&peer), length, host, sizeof(host),
-                port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
-  }
-  return absl::StrCat(host, ":", port);
+// The peer's address, without its port.
+std::string PeerAddress(const sockaddr_storage& peer, socklen_t length) {
+  char host[NI_MAXHOST] = "?";
+  getnameinfo(reinterpret_cast<const sockaddr*>(&peer), length, host,
+              sizeof(host), nullptr, 0, NI_NUMERICHOST);
+  return host;
 }
 
 }  // namespace
 
-std::string NamespaceLabel(absl::string_view name_space) {
+std::string HashedLabel(absl::string_view key, absl::string_view name) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  if (EVP_Digest(name_space.data(), name_space.size(), digest, &length,
-                 EVP_sha256(), nullptr) != 1 ||
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(name.data()), name.size(),
+           digest, &length) == nullptr ||
       length != 32) {
     std::abort();  // only a broken libcrypto; no name may leak instead
   }
@@ -155,12 +159,13 @@ std::string NamespaceLabel(absl::string_view name_space) {
       absl::string_view(reinterpret_cast<const char*>(digest), 6));
 }
 
-void HashNamespaceLabels(std::vector<prometheus::MetricFamily>& families) {
+void HashNameLabels(absl::string_view key,
+                    std::vector<prometheus::MetricFamily>& families) {
   for (prometheus::MetricFamily& family : families) {
     for (prometheus::ClientMetric& metric : family.metric) {
       for (prometheus::ClientMetric::Label& label : metric.label) {
-        if (label.name == "namespace") {
-          label.value = NamespaceLabel(label.value);
+        if (label.name == "namespace" || label.name == "pool") {
+          label.value = HashedLabel(key, label.value);
         }
       }
     }
@@ -189,126 +194,179 @@ MetricsEndpoint::MetricsEndpoint(
   if (pipe2(fds, O_CLOEXEC) != 0) std::abort();  // out of descriptors at start
   stop_read_ = ScopedFd(fds[0]);
   stop_write_ = ScopedFd(fds[1]);
-  for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { Serve(); });
+  connections_.reserve(kMaxConnections);
+  thread_ = std::thread([this] { Loop(); });
 }
 
 MetricsEndpoint::~MetricsEndpoint() {
-  stop_write_ = ScopedFd();  // every poll on stop_read_ sees the hang-up
-  for (std::thread& worker : workers_) worker.join();
+  stop_write_ = ScopedFd();  // the loop's poll on stop_read_ sees the hang-up
+  thread_.join();
 }
 
-bool MetricsEndpoint::WaitFor(int fd, short events, absl::Time deadline) const {
+void MetricsEndpoint::Loop() {
+  std::vector<pollfd> fds;
   for (;;) {
-    int timeout_ms = -1;  // deadline InfiniteFuture: no timeout
-    if (deadline != absl::InfiniteFuture()) {
-      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0) return false;
-      timeout_ms = static_cast<int>(std::min<int64_t>(ms, 60000));
+    fds.clear();
+    fds.push_back({stop_read_.get(), POLLIN, 0});
+    // Out of descriptors, the listener stays readable: it is left out of
+    // the poll for a while instead of spinning on it.
+    const bool accepting = absl::Now() >= accept_paused_until_;
+    fds.push_back(
+        {listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+    absl::Time next = absl::Now() + absl::Seconds(1);
+    if (!accepting) next = std::min(next, accept_paused_until_);
+    for (const Connection& c : connections_) {
+      fds.push_back({c.fd.get(),
+                     static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+      next = std::min(next, c.deadline);
     }
-    pollfd fds[2] = {{fd, events, 0}, {stop_read_.get(), POLLIN, 0}};
-    const int n = poll(fds, 2, timeout_ms);
-    if (n < 0 && errno != EINTR) return false;
-    if (fds[1].revents != 0) return false;
-    if (n > 0 && fds[0].revents != 0) return true;
-  }
-}
-
-void MetricsEndpoint::Serve() const {
-  for (;;) {
-    if (!WaitFor(listener_.get(), POLLIN, absl::InfiniteFuture())) {
-      // Stopped (or poll failed): a worker that cannot poll stops too.
+    const int64_t wait_ms =
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(next - absl::Now()) + 1);
+    const int n = poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
+    if (n < 0 && errno != EINTR) {
+      spdlog::error("metrics: poll failed ({}); /metrics stops",
+                    std::strerror(errno));
       return;
     }
-    const ScopedFd connection(accept4(listener_.get(), nullptr, nullptr,
-                                      SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (connection.get() >= 0) {
-      Answer(connection.get());
-    } else if (errno == EMFILE || errno == ENFILE) {
-      absl::SleepFor(absl::Milliseconds(100));  // descriptors run out: no spin
+    if (fds[0].revents != 0) return;  // stopped
+    // fds[i + 2] is connections_[i]: the connections accepted below come
+    // after them and wait for the next round.
+    const size_t polled = connections_.size();
+    for (size_t i = 0; i < polled; ++i) {
+      Connection& c = connections_[i];
+      if (fds[i + 2].revents == 0) continue;
+      if (c.out.empty()) {
+        ReadFrom(c);
+      } else {
+        WriteTo(c);
+      }
     }
+    const absl::Time now = absl::Now();
+    for (Connection& c : connections_) {
+      if (now >= c.deadline) c.done = true;  // too slow: closed unanswered
+    }
+    std::erase_if(connections_, [](const Connection& c) { return c.done; });
+    if (fds[1].revents != 0) AcceptSome();
   }
 }
 
-bool MetricsEndpoint::Send(int connection, absl::string_view bytes,
-                           absl::Time deadline) const {
-  while (!bytes.empty()) {
-    const ssize_t n =
-        send(connection, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+void MetricsEndpoint::AcceptSome() {
+  for (int i = 0; i < kAcceptsPerRound; ++i) {
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    ScopedFd fd(accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer),
+                        &length, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        accept_paused_until_ = absl::Now() + absl::Milliseconds(100);
+      }
+      return;  // none waiting, or out of descriptors
+    }
+    Connection c;
+    c.peer = PeerAddress(peer, length);
+    const size_t from_peer =
+        std::count_if(connections_.begin(), connections_.end(),
+                      [&](const Connection& o) { return o.peer == c.peer; });
+    if (from_peer >= options_.connections_per_peer) {
+      spdlog::debug("metrics: closed a connection from {}: it has {} open",
+                    c.peer, from_peer);
+      continue;  // closed: the peer's own connections are its bound
+    }
+    if (connections_.size() >= kMaxConnections) {
+      // Full: the oldest connection still without its request goes (an
+      // idle one; a scrape sends its request at once).
+      auto oldest = connections_.end();
+      for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+        if (it->out.empty() &&
+            (oldest == connections_.end() || it->accepted < oldest->accepted)) {
+          oldest = it;
+        }
+      }
+      if (oldest == connections_.end()) continue;  // all answering: closed
+      connections_.erase(oldest);
+    }
+    c.fd = std::move(fd);
+    c.accepted = absl::Now();
+    c.deadline = c.accepted + kHeadTime;
+    connections_.push_back(std::move(c));
+  }
+}
+
+void MetricsEndpoint::ReadFrom(Connection& c) {
+  char buf[2048];
+  for (;;) {
+    const ssize_t n = recv(c.fd.get(), buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      c.done = true;  // closed or failed: nothing to answer
+      return;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;  // EAGAIN: the rest comes later
+    c.head.append(buf, static_cast<size_t>(n));
+    size_t end = c.head.find("\r\n\r\n");
+    if (end == std::string::npos) end = c.head.find("\n\n");
+    if (end != std::string::npos && end <= kMaxRequestBytes) {
+      c.out = AnswerTo(c, absl::string_view(c.head).substr(0, end));
+    } else if (end != std::string::npos || c.head.size() > kMaxRequestBytes) {
+      c.out = PlainResponse(431, "Request Header Fields Too Large");
+    } else {
+      continue;
+    }
+    c.head.clear();
+    c.deadline = absl::Now() + kAnswerTime;
+    WriteTo(c);
+    return;
+  }
+}
+
+void MetricsEndpoint::WriteTo(Connection& c) {
+  while (c.sent < c.out.size()) {
+    const ssize_t n = send(c.fd.get(), c.out.data() + c.sent,
+                           c.out.size() - c.sent, MSG_NOSIGNAL);
     if (n > 0) {
-      bytes.remove_prefix(static_cast<size_t>(n));
+      c.sent += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && errno == EAGAIN) {
-      if (!WaitFor(connection, POLLOUT, deadline)) return false;
+      return;  // the rest when it can take it
     } else {
-      return false;
+      c.done = true;  // the peer went away
+      return;
     }
   }
-  shutdown(connection, SHUT_WR);
-  return true;
+  shutdown(c.fd.get(), SHUT_WR);
+  c.done = true;
 }
 
-bool MetricsEndpoint::ReadHead(int connection, absl::Time deadline,
-                               std::string* head) const {
-  char buf[2048];
-  for (;;) {
-    size_t end = head->find("\r\n\r\n");
-    if (end == std::string::npos) end = head->find("\n\n");
-    if (end != std::string::npos && end <= kMaxRequestBytes) {
-      head->resize(end);
-      return true;
-    }
-    if (end != std::string::npos || head->size() > kMaxRequestBytes) {
-      Send(connection, PlainResponse(431, "Request Header Fields Too Large"),
-           deadline);
-      return false;
-    }
-    const ssize_t n = recv(connection, buf, sizeof(buf), 0);
-    if (n > 0) {
-      head->append(buf, static_cast<size_t>(n));
-    } else if (n == 0 || (errno != EAGAIN && errno != EINTR) ||
-               !WaitFor(connection, POLLIN, deadline)) {
-      return false;  // closed, failed or too slow: nothing to answer
-    }
-  }
-}
-
-void MetricsEndpoint::LogRefusal(int connection, bool had_token) const {
+void MetricsEndpoint::LogRefusal(const Connection& c, bool had_token) const {
   const char* why = had_token ? "with a wrong token" : "without the token";
   uint64_t held_back = 0;
   if (refusals_.Allow(&held_back)) {
     spdlog::warn("metrics: refused a request from {} {} ({} more held back)",
-                 Peer(connection), why, held_back);
+                 c.peer, why, held_back);
   } else {
-    spdlog::debug("metrics: refused a request from {} {}", Peer(connection),
-                  why);
+    spdlog::debug("metrics: refused a request from {} {}", c.peer, why);
   }
 }
 
-void MetricsEndpoint::Answer(int connection) const {
-  const absl::Time deadline = absl::Now() + kConnectionTime;
-  std::string head;
-  if (!ReadHead(connection, deadline, &head)) return;
+std::string MetricsEndpoint::AnswerTo(const Connection& c,
+                                      absl::string_view head) const {
   HttpRequest request;
-  std::string response;
-  if (!ParseRequest(head, &request)) {
-    response = PlainResponse(400, "Bad Request");
-  } else if (options_.authorize != nullptr &&
-             !options_.authorize(request.authorization)) {
-    LogRefusal(connection, !request.authorization.empty());
-    response =
-        PlainResponse(401, "Unauthorized",
-                      "WWW-Authenticate: Bearer realm=\"hostkvd metrics\"\r\n");
-  } else if (request.method != "GET" && request.method != "HEAD") {
-    response = PlainResponse(405, "Method Not Allowed", "Allow: GET, HEAD\r\n");
-  } else if (request.path != "/metrics") {
-    response = PlainResponse(404, "Not Found");
-  } else {
-    response = Response(
-        200, "OK", "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n",
-        Render(), /*with_body=*/request.method == "GET");
+  if (!ParseRequest(head, &request)) return PlainResponse(400, "Bad Request");
+  if (options_.authorize != nullptr &&
+      !options_.authorize(request.authorization)) {
+    LogRefusal(c, !request.authorization.empty());
+    return PlainResponse(
+        401, "Unauthorized",
+        "WWW-Authenticate: Bearer realm=\"hostkvd metrics\"\r\n");
   }
-  Send(connection, response, deadline);
+  if (request.method != "GET" && request.method != "HEAD") {
+    return PlainResponse(405, "Method Not Allowed", "Allow: GET, HEAD\r\n");
+  }
+  if (request.path != "/metrics") return PlainResponse(404, "Not Found");
+  return Response(200, "OK",
+                  "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n",
+                  Render(), /*with_body=*/request.method == "GET");
 }
 
 std::string MetricsEndpoint::Render() const {
@@ -319,7 +377,7 @@ std::string MetricsEndpoint::Render() const {
     families.insert(families.end(), std::make_move_iterator(more.begin()),
                     std::make_move_iterator(more.end()));
   }
-  if (!options_.namespace_names) HashNamespaceLabels(families);
+  if (!options_.namespace_names) HashNameLabels(options_.label_key, families);
   return prometheus::TextSerializer().Serialize(families);
 }
 

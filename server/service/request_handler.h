@@ -157,6 +157,8 @@ class RequestHandler {
   // Whether a storage tier is set (a Lookup's miss may then wait for it).
   bool has_tier() const { return tier_ != nullptr; }
   DaemonMetrics* metrics() const { return metrics_; }
+  // The memory budget (command rings charge their segments to it).
+  MemoryBudget* budget() const { return budget_; }
 
   // The storage tier under every pool's page cache (null: none). Set once,
   // before requests are served; it must outlive the requests.

@@ -136,6 +136,11 @@ SessionMonitor::SessionMonitor(RequestHandler* handler, std::string socket_path,
       epoll_(std::move(epoll)),
       wake_(std::move(wake)),
       reserve_(open("/dev/null", O_RDONLY | O_CLOEXEC)),
+      ring_quota_(RingLimits{.max_rings = limits.max_command_rings,
+                             .max_rings_per_uid =
+                                 limits.max_command_rings_per_uid,
+                             .cpu_per_uid = limits.ring_cpu_per_uid},
+                  handler->budget()),
       reaper_(handler, lease) {}
 
 SessionMonitor::~SessionMonitor() {
@@ -420,14 +425,16 @@ void SessionMonitor::OpenCommandRing(int fd, Connection& c) {
     return;
   }
   if (c.ring == nullptr) {
-    if (rings_ >= limits_.max_command_rings) {
-      Reply(fd, ReplyFor(kind, absl::ResourceExhaustedError(absl::StrCat(
-                                   rings_, " command rings run, the most this "
-                                   "daemon serves; use gRPC"))));
+    // The grant counts the ring (to the daemon and to its uid) until its
+    // thread ends, retiring or not.
+    absl::StatusOr<RingGrant> grant = ring_quota_.Grant(
+        c.uid, RingSegmentBytes(kRingSlots, kRingSlotBytes));
+    if (!grant.ok()) {
+      Reply(fd, ReplyFor(kind, grant.status()));
       return;
     }
-    absl::StatusOr<std::unique_ptr<CommandRing>> ring =
-        CommandRing::Start(handler_, c.session, limits_.command_ring_spin);
+    absl::StatusOr<std::unique_ptr<RingServer>> ring = RingServer::Start(
+        handler_, c.session, std::move(*grant), limits_.command_ring_spin);
     if (!ring.ok()) {
       spdlog::warn("session socket: cannot start a command ring: {}",
                    ring.status().ToString());
@@ -435,9 +442,9 @@ void SessionMonitor::OpenCommandRing(int fd, Connection& c) {
       return;
     }
     c.ring = std::move(*ring);
-    ++rings_;
-    spdlog::info("session socket: a command ring for uid {} ({} open)", c.uid,
-                 rings_);
+    spdlog::info("session socket: a command ring for uid {} ({} of its own, "
+                 "{} in all)",
+                 c.uid, ring_quota_.rings_of(c.uid), ring_quota_.rings());
   }
   absl::StatusOr<ScopedFd> ring_fd = c.ring->ClientFd();
   SessionReply reply = ReplyFor(kind, ring_fd.status());
@@ -462,7 +469,6 @@ void SessionMonitor::Drop(int fd) {
     // after it, without holding up this loop.
     it->second.ring->Stop();
     retiring_rings_.push_back(std::move(it->second.ring));
-    --rings_;
   }
   connections_.erase(it);
   count_.store(connections_.size());
@@ -470,7 +476,7 @@ void SessionMonitor::Drop(int fd) {
 }
 
 void SessionMonitor::DropLate() {
-  std::erase_if(retiring_rings_, [](const std::unique_ptr<CommandRing>& ring) {
+  std::erase_if(retiring_rings_, [](const std::unique_ptr<RingServer>& ring) {
     return ring->ended();
   });
   const absl::Time cutoff = absl::Now() - limits_.attach_timeout;

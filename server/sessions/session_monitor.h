@@ -22,7 +22,8 @@
 #include "proto/contract/session_socket.h"
 #include "proto/contract/shm_segment.h"
 #include "server/operations/instance_lock.h"
-#include "server/service/command_ring.h"
+#include "server/service/ring_quota.h"
+#include "server/service/ring_server.h"
 #include "server/service/request_handler.h"
 #include "server/sessions/descriptor_closer.h"
 #include "server/sessions/session_reaper.h"
@@ -35,11 +36,15 @@ struct ConnectionLimits {
   // A connection that has not opened or attached a session by then is
   // closed.
   absl::Duration attach_timeout = absl::Seconds(10);
-  // Command rings (one thread each) of all connections together; beyond
-  // it a client asking for one is refused and stays on gRPC.
+  // Command rings (one thread each) of all connections together, and of
+  // one uid; beyond them a client asking for one is refused and stays on
+  // gRPC. A ring's segment is charged to the memory budget.
   uint32_t max_command_rings = 256;
+  uint32_t max_command_rings_per_uid = 16;
+  // Cores one uid's ring threads may use on average (0: no bound).
+  double ring_cpu_per_uid = 1.0;
   // How long a ring's thread polls after a call before it sleeps.
-  absl::Duration command_ring_spin = CommandRing::kDefaultSpin;
+  absl::Duration command_ring_spin = RingServer::kDefaultSpin;
 };
 
 // Runs one thread; Start and the destructor are not thread-safe.
@@ -65,7 +70,7 @@ class SessionMonitor {
     absl::Time accepted;
     SessionId session;  // empty until opened or attached
     bool refused_descriptor = false;  // logged once per connection
-    std::unique_ptr<CommandRing> ring;  // once asked for (kOpenCommandRing)
+    std::unique_ptr<RingServer> ring;  // once asked for (kOpenCommandRing)
   };
 
   SessionMonitor(RequestHandler* handler, std::string socket_path,
@@ -105,14 +110,14 @@ class SessionMonitor {
   ScopedFd epoll_;
   ScopedFd wake_;     // eventfd that stops the loop
   ScopedFd reserve_;  // a spare descriptor given up to shed a connection
+  RingQuota ring_quota_;  // rings' count, memory and CPU, per uid
   // Loop thread only.
   absl::flat_hash_map<int, Connection> connections_;
   absl::flat_hash_map<uid_t, uint32_t> per_uid_;
   std::atomic<size_t> count_{0};
   // Rings of dropped connections whose threads still finish a call; freed
   // by DropLate once ended.
-  std::vector<std::unique_ptr<CommandRing>> retiring_rings_;
-  size_t rings_ = 0;  // rings of open connections
+  std::vector<std::unique_ptr<RingServer>> retiring_rings_;
   DescriptorCloser closer_;
   SessionReaper reaper_;
   std::thread thread_;

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "hostkv/client.h"
 #include "hostkv/shm_device_buffer.h"
+#include "proto/contract/command_ring.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -70,7 +71,9 @@ v1::PoolSpec Spec(const std::string& name) {
 
 TEST(OperationsTest, MetricsCountWhatWasDone) {
   const int port = testing::FreeTcpPort();
-  testing::DaemonProcess daemon({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  // Pools by name: the labels this test reads are not hashed.
+  testing::DaemonProcess daemon({absl::StrCat("--metrics_listen=127.0.0.1:", port),
+                                 "--metrics_namespace_names"});
   ASSERT_TRUE(daemon.started()) << daemon.log();
   auto client = Client::Connect(daemon.target(), "workload").value();
   auto pool = client->CreatePool(Spec("p"));
@@ -117,15 +120,18 @@ TEST(OperationsTest, MetricsCountWhatWasDone) {
   EXPECT_EQ(1, m["hostkv_sessions"]);
   EXPECT_EQ(1, m["hostkv_sessions_attached"]);
   EXPECT_EQ(0, m["hostkv_operations_in_flight"]);
-  // The pool, its page cache's metadata, its ledger and the session's signal records
-  // (256 x 64 bytes).
+  // The pool, its page cache's metadata, its ledger, the session's signal records
+  // (256 x 64 bytes) and its command ring's segment.
   auto stats = client->GetPoolStats("p");
   ASSERT_OK(stats);
   ASSERT_EQ(1, stats->pools_size());
   EXPECT_LT(0u, stats->pools(0).cache_reserved_bytes());
   EXPECT_LT(0u, stats->pools(0).ledger_reserved_bytes());  // --keep_state
   EXPECT_EQ(pool->total_bytes() + stats->pools(0).cache_reserved_bytes() +
-                stats->pools(0).ledger_reserved_bytes() + 256 * 64,
+                stats->pools(0).ledger_reserved_bytes() + 256 * 64 +
+                (client->CommandRingCalls() >= 0
+                     ? RingSegmentBytes(kRingSlots, kRingSlotBytes)
+                     : 0),
             m["hostkv_memory_reserved_bytes"]);
   ASSERT_OK(client->Close());
   m = Scrape(port);

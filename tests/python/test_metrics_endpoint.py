@@ -3,15 +3,16 @@
 - With --metrics_token_file, /metrics answers 401 (WWW-Authenticate: Bearer)
   without "Authorization: Bearer <token>" or with a wrong one (whatever the
   path), 200 with it.
-- Page-cache namespaces are labelled by the first 12 hex digits of the
-  SHA-256 of their name: the name appears nowhere in the page, unless
-  --metrics_namespace_names.
+- Page-cache namespaces and pools are labelled by the first 12 hex digits
+  of the HMAC-SHA256 of their name under --metrics_label_key_file's key:
+  the name appears nowhere in the page, unless --metrics_namespace_names.
 - The page parses as the Prometheus text format (prometheus_text.parse).
 - Other paths 404, other methods 405, HEAD has no body; a client that
   connects and says nothing does not hold up a scrape.
 - The endpoint is off unless --metrics_listen is given.
 """
 import hashlib
+import hmac
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ import prometheus_text
 from conftest import Daemon, hostkvd_binary, write_secret
 
 TOKEN = "metrics-s3cret"
+LABEL_KEY = "label-k3y"
 NAMESPACE = "tenant-a/private-model-7b"
 POOL = "metrics-pool"
 PAGE = 4
@@ -41,7 +43,7 @@ def free_port():
 
 
 def hashed(name):
-    return hashlib.sha256(name.encode()).hexdigest()[:12]
+    return hmac.new(LABEL_KEY.encode(), name.encode(), hashlib.sha256).hexdigest()[:12]
 
 
 def publish_one_page(daemon):
@@ -67,7 +69,8 @@ def guarded():
     """Token asked, namespaces hashed (the defaults but the token)."""
     token_dir = tempfile.mkdtemp(prefix="hostkv-metrics-token-")
     token = write_secret(os.path.join(token_dir, "token"), TOKEN + "\n")
-    d = metrics_daemon(f"--metrics_token_file={token}")
+    key = write_secret(os.path.join(token_dir, "label-key"), LABEL_KEY + "\n")
+    d = metrics_daemon(f"--metrics_token_file={token}", f"--metrics_label_key_file={key}")
     yield d
     d.stop()
     shutil.rmtree(token_dir, ignore_errors=True)
@@ -110,14 +113,15 @@ def test_metrics_with_the_token(guarded, scheme):
     status, headers, body = fetch(guarded.metrics_url, f"{scheme} {TOKEN}")
     assert status == 200, body
     assert headers["Content-Type"].startswith("text/plain; version=0.0.4"), headers
-    assert f'hostkv_pool_capacity_pages{{pool="{POOL}"}}' in body, body
+    assert f'hostkv_pool_capacity_pages{{pool="{hashed(POOL)}"}}' in body, body
 
 
-def test_namespaces_are_hashed_by_default(guarded):
+def test_namespaces_and_pools_are_hashed_by_default(guarded):
     _, _, body = fetch(guarded.metrics_url, f"Bearer {TOKEN}")
-    for part in (NAMESPACE, "tenant-a", "private-model"):
+    for part in (NAMESPACE, "tenant-a", "private-model", POOL,
+                 hashlib.sha256(NAMESPACE.encode()).hexdigest()[:12]):
         assert part not in body, f"'{part}' is on /metrics:\n{body}"
-    label = f'namespace="{hashed(NAMESPACE)}",pool="{POOL}"'
+    label = f'namespace="{hashed(NAMESPACE)}",pool="{hashed(POOL)}"'
     assert f"hostkv_cache_cached_pages{{{label}}} 1" in body, body
     assert f"hostkv_cache_hits_total{{{label}}} 1" in body, body
     assert f"hostkv_cache_misses_total{{{label}}} 1" in body, body

@@ -1,9 +1,9 @@
-// The command ring, daemon side (server/service/command_ring.h) with the
+// The command ring, daemon side (server/service/ring_server.h) with the
 // client's end (client/command_ring_client.h) and raw writes into the
 // shared segment where a client misbehaves: the same handler answers as
 // over gRPC, for the ring's session only, and nothing a client writes into
 // the segment makes the daemon misbehave.
-#include "server/service/command_ring.h"
+#include "server/service/ring_server.h"
 
 #include <atomic>
 #include <thread>
@@ -11,12 +11,13 @@
 
 #include "client/command_ring_client.h"
 #include "server/service/ring_call.h"
+#include "server/service/ring_quota.h"
 #include "tests/server/handler_fixture.h"
 
 namespace hostkv {
 namespace {
 
-class CommandRingTest : public HandlerFixture {
+class RingServerTest : public HandlerFixture {
  protected:
   void SetUp() override {
     CreatePool("p");
@@ -24,11 +25,11 @@ class CommandRingTest : public HandlerFixture {
     Start(kRingSlots, kRingSlotBytes);
   }
 
-  void Start(uint32_t slots, uint32_t slot_bytes) {
+  void Start(uint32_t slots, uint32_t slot_bytes, RingGrant grant = {}) {
     client_.reset();
     ring_.reset();
-    auto ring = CommandRing::Start(&handler_, session_, CommandRing::kDefaultSpin,
-                                   slots, slot_bytes);
+    auto ring = RingServer::Start(&handler_, session_, std::move(grant),
+                                  RingServer::kDefaultSpin, slots, slot_bytes);
     ASSERT_OK(ring);
     ring_ = std::move(*ring);
     auto fd = ring_->ClientFd();
@@ -87,7 +88,7 @@ class CommandRingTest : public HandlerFixture {
   }
 
   SessionId session_;
-  std::unique_ptr<CommandRing> ring_;
+  std::unique_ptr<RingServer> ring_;
   std::unique_ptr<RingClient> client_;
   ShmSegment raw_;
 };
@@ -98,7 +99,7 @@ uint64_t Pages(const google::protobuf::RepeatedPtrField<v1::PageRun>& runs) {
   return n;
 }
 
-TEST_F(CommandRingTest, AllocAndFreeAsTheRingsSession) {
+TEST_F(RingServerTest, AllocAndFreeAsTheRingsSession) {
   auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(8));
   ASSERT_OK(alloc);
   ASSERT_EQ(Pages(alloc->pages()), 2u);  // page size 4
@@ -118,7 +119,7 @@ TEST_F(CommandRingTest, AllocAndFreeAsTheRingsSession) {
   EXPECT_EQ(ring_->calls(), 3u);
 }
 
-TEST_F(CommandRingTest, TheRequestsSessionIdIsIgnored) {
+TEST_F(RingServerTest, TheRequestsSessionIdIsIgnored) {
   const SessionId other = OpenSession();
   auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4, other));
   ASSERT_OK(alloc);
@@ -129,7 +130,7 @@ TEST_F(CommandRingTest, TheRequestsSessionIdIsIgnored) {
   EXPECT_OK(Free(session_, run.first_page(), run.num_pages()));
 }
 
-TEST_F(CommandRingTest, HandlerErrorsComeBackAsOverGrpc) {
+TEST_F(RingServerTest, HandlerErrorsComeBackAsOverGrpc) {
   // The same refusal as the handler gives directly: an unknown pool.
   v1::AllocRequest bad = AllocRequest(4);
   bad.set_pool("nope");
@@ -148,7 +149,7 @@ TEST_F(CommandRingTest, HandlerErrorsComeBackAsOverGrpc) {
   EXPECT_EQ(load.status().code(), absl::StatusCode::kFailedPrecondition) << load.status();
 }
 
-TEST_F(CommandRingTest, BackupAndLoadMoveBytes) {
+TEST_F(RingServerTest, BackupAndLoadMoveBytes) {
   const uint64_t import = Register(session_);
   auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4));
   ASSERT_OK(alloc);
@@ -176,7 +177,7 @@ TEST_F(CommandRingTest, BackupAndLoadMoveBytes) {
   }
 }
 
-TEST_F(CommandRingTest, GarbageIsRefusedAndTheRingGoesOn) {
+TEST_F(RingServerTest, GarbageIsRefusedAndTheRingGoesOn) {
   // An unparsable request.
   auto [code, answer] = RawCall(static_cast<uint32_t>(RingMethod::kAlloc),
                                 std::string(40, '\xff'), 40);
@@ -196,7 +197,7 @@ TEST_F(CommandRingTest, GarbageIsRefusedAndTheRingGoesOn) {
   EXPECT_EQ(Pages(alloc->pages()), 16u);  // the whole pool: none was taken
 }
 
-TEST_F(CommandRingTest, AnswersThatMightNotFitGoOverGrpc) {
+TEST_F(RingServerTest, AnswersThatMightNotFitGoOverGrpc) {
   Start(4, 4096);  // payload 4032 bytes
   v1::LookupRequest lookup;
   lookup.set_pool("p");
@@ -216,7 +217,7 @@ TEST_F(CommandRingTest, AnswersThatMightNotFitGoOverGrpc) {
   ASSERT_OK(Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4)));
 }
 
-TEST_F(CommandRingTest, ListEvictionsAnswersAsTheHandler) {
+TEST_F(RingServerTest, ListEvictionsAnswersAsTheHandler) {
   // Fill the pool with published pages, then evict three of them.
   auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(64));
   ASSERT_OK(alloc);
@@ -254,7 +255,7 @@ TEST_F(CommandRingTest, ListEvictionsAnswersAsTheHandler) {
 
 // A Publish whose page a copy still fills would wait: the ring does not run
 // it (the client sends it over gRPC, which waits), and nothing changed.
-TEST_F(CommandRingTest, APublishThatWouldWaitGoesOverGrpc) {
+TEST_F(RingServerTest, APublishThatWouldWaitGoesOverGrpc) {
   auto alloc = Call<v1::AllocResponse>(RingMethod::kAlloc, AllocRequest(4));
   ASSERT_OK(alloc);
   const uint64_t page = alloc->pages(0).first_page();
@@ -280,7 +281,7 @@ TEST_F(CommandRingTest, APublishThatWouldWaitGoesOverGrpc) {
   EXPECT_TRUE(pools_.Get("p").value()->cache().IsCached(page));
 }
 
-TEST_F(CommandRingTest, ConcurrentCallersShareTheSlots) {
+TEST_F(RingServerTest, ConcurrentCallersShareTheSlots) {
   constexpr int kThreads = 4, kRounds = 200;
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
@@ -304,7 +305,56 @@ TEST_F(CommandRingTest, ConcurrentCallersShareTheSlots) {
   EXPECT_EQ(ring_->calls(), uint64_t{2} * kThreads * kRounds);
 }
 
-TEST_F(CommandRingTest, StopsPromptlyWhenIdle) {
+// A client that re-marks a slot "submitted" writing back only the request's
+// first bytes makes the daemon copy and parse all of it again: the CPU its
+// uid's rings take is bounded by the uid's account, not by how often the
+// client writes the word.
+TEST_F(RingServerTest, ResubmissionsAreBoundByTheUidsCpuShare) {
+  RingQuota quota(RingLimits{.cpu_per_uid = 0.1}, nullptr);
+  auto grant = quota.Grant(4242, RingSegmentBytes(kRingSlots, kRingSlotBytes));
+  ASSERT_OK(grant);
+  RingCpuAccount* account = grant->cpu();
+  Start(kRingSlots, kRingSlotBytes, std::move(*grant));
+  // The largest Lookup a slot holds: thousands of keys to parse and hash.
+  v1::LookupRequest lookup;
+  lookup.set_pool("p");
+  lookup.set_namespace_("n");
+  const uint64_t capacity = kRingSlotBytes - sizeof(RingSlot);
+  while (lookup.ByteSizeLong() + 80 < capacity) {
+    lookup.add_keys(absl::StrCat(std::string(48, 'k'), lookup.keys_size()));
+  }
+  const std::string payload = lookup.SerializeAsString();
+  auto* h = reinterpret_cast<RingHeader*>(raw_.data());
+  for (uint32_t i = 0; i < h->slots; ++i) {
+    RingSlot* slot = RingSlotAt(raw_.data(), h->slot_bytes, i);
+    std::memcpy(RingPayload(slot), payload.data(), payload.size());
+    slot->method = static_cast<uint32_t>(RingMethod::kLookup);
+  }
+  const absl::Duration window = absl::Seconds(1);
+  const absl::Time end = absl::Now() + window;
+  while (absl::Now() < end) {
+    for (uint32_t i = 0; i < h->slots; ++i) {
+      RingSlot* slot = RingSlotAt(raw_.data(), h->slot_bytes, i);
+      if (slot->state.load() == kSlotSubmitted) continue;
+      // The answer overwrote the request's first bytes: 256 put back.
+      std::memcpy(RingPayload(slot), payload.data(), 256);
+      slot->length = static_cast<uint32_t>(payload.size());
+      slot->state.store(kSlotSubmitted);
+    }
+    h->doorbell.fetch_add(1);
+    FutexWakeShared(&h->doorbell);
+    absl::SleepFor(absl::Microseconds(100));
+  }
+  const uint64_t calls = ring_->calls();
+  ring_.reset();  // the thread ends and charges what it used
+  EXPECT_GT(calls, 0u);
+  // 0.1 cores for 1 s and the 50 ms burst, with a pass over the 8 slots
+  // that may start before the account is overdrawn.
+  EXPECT_LT(account->charged(), absl::Milliseconds(100 + 50 + 150))
+      << calls << " calls";
+}
+
+TEST_F(RingServerTest, StopsPromptlyWhenIdle) {
   absl::SleepFor(absl::Milliseconds(20));  // the thread sleeps on the doorbell
   const absl::Time start = absl::Now();
   ring_.reset();
