@@ -11,6 +11,7 @@ usage: reflection_test.py HOSTKVD HOSTKV_CLI
 """
 import base64
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -98,10 +99,15 @@ def main():
     with socket.socket() as probe:  # a free port for /metrics
         probe.bind(("127.0.0.1", 0))
         metrics_port = probe.getsockname()[1]
+    # The key /metrics labels namespaces and pools with (HMAC-SHA256).
+    label_key = os.path.join(workdir, "label.key")
+    with open(os.open(label_key, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("reflection-test-key\n")
     # With a file tier, so that the operator's view includes the tier.
     daemon = subprocess.Popen([hostkvd, f"--listen=unix:{sock}", "--memory_reserve=256MiB",
                                f"--tier=file:{tier_dir}", "--tier_fsync=false",
-                               f"--metrics_listen=127.0.0.1:{metrics_port}"])
+                               f"--metrics_listen=127.0.0.1:{metrics_port}",
+                               f"--metrics_label_key_file={label_key}"])
     try:
         for _ in range(500):
             if os.path.exists(sock):
@@ -186,11 +192,13 @@ def main():
         assert "hostkv_tier_up 1" in metrics, metrics
         assert 'hostkv_tier_writes_total{result="written"} 2' in metrics, metrics
         assert "hostkv_tier_put_seconds_count" in metrics, metrics
-        # Namespaces are labelled by a hash (no --metrics_namespace_names).
-        ops_demo = hashlib.sha256(b"ops-demo").hexdigest()[:12]
+        # Namespaces and pools are labelled by a keyed hash (no
+        # --metrics_namespace_names).
+        def label(name):
+            return hmac.new(b"reflection-test-key", name, hashlib.sha256).hexdigest()[:12]
         assert "ops-demo" not in metrics, metrics
-        assert f'hostkv_cache_cached_pages{{namespace="{ops_demo}",pool="ops"}} 2' in metrics, \
-            metrics
+        assert (f'hostkv_cache_cached_pages{{namespace="{label(b"ops-demo")}",'
+                f'pool="{label(b"ops")}"}} 2') in metrics, metrics
 
         for service in ("", "hostkv.v1.HostKV", "hostkv.tier"):
             health = reflector.unary(channel, "grpc.health.v1.Health", "Check",
