@@ -491,6 +491,14 @@ int Run() {
   const uint64_t files = RaiseFileLimit();
   o.limits.max_passed_fds =
       static_cast<uint32_t>(std::max<uint64_t>(16, std::min<uint64_t>(files / 4, 1u << 20)));
+  // One uid takes at most a quarter of those, whatever the flag says (a
+  // small descriptor limit would leave the flag's default above the total).
+  o.limits.max_passed_fds_per_uid = std::min(
+      o.limits.max_passed_fds_per_uid, std::max(1u, o.limits.max_passed_fds / 4));
+  // Refused descriptors waiting to be closed, all uids: an eighth, at least
+  // what one uid may hold.
+  o.connections.refused_fds.max_total = static_cast<size_t>(std::max<uint64_t>(
+      o.connections.refused_fds.max_per_uid, std::min<uint64_t>(files / 8, 1u << 20)));
   if ((o.socket_mode & 0006) != 0 && o.quota.max_pool_bytes_per_uid == 0) {
     spdlog::warn("--socket_mode={:o} lets every local user in, and "
                  "--max_pool_bytes_per_uid is 0: any of them may take all the "
