@@ -211,9 +211,10 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
   // Per uid first: one user holding every slot must not be the reason
   // another user's pass is refused.
   if (of_uid >= limits_.max_passed_fds_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "uid ", sender.uid, " holds ", of_uid, " passed descriptors in its "
-        "sessions, the most --max_passed_fds_per_uid allows"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", sender.uid, " holds ", of_uid,
+                     " passed descriptors in its "
+                     "sessions, the most --max_passed_fds_per_uid allows"));
   }
   if (held >= limits_.max_passed_fds) {
     return absl::ResourceExhaustedError(absl::StrCat(

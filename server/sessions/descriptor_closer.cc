@@ -189,7 +189,7 @@ bool DescriptorCloser::Enqueue(uid_t uid, ScopedFd* fd) {
   auto it = s.uids.find(uid);
   const size_t of_uid = it == s.uids.end() ? 0 : it->second.fds;
   if (of_uid >= limits_.max_per_uid || s.fds >= limits_.max_total) return false;
-  Push(uid, Item{fd->release(), false});
+  Push(s, uid, Item{fd->release(), false});
   return true;
 }
 
@@ -197,11 +197,10 @@ void DescriptorCloser::CloseConnection(uid_t uid, ScopedFd connection) {
   if (connection.get() < 0) return;
   State& s = *state_;
   absl::MutexLock lock(&s.mu);
-  Push(uid, Item{connection.release(), true});
+  Push(s, uid, Item{connection.release(), true});
 }
 
-void DescriptorCloser::Push(uid_t uid, Item item) {
-  State& s = *state_;
+void DescriptorCloser::Push(State& s, uid_t uid, Item item) {
   OfUid& of = s.uids[uid];
   of.items.push_back(item);
   if (item.connection) {

@@ -124,8 +124,9 @@ class DescriptorCloser {
     size_t fds ABSL_GUARDED_BY(mu) = 0;  // all uids', connections aside
     size_t threads ABSL_GUARDED_BY(mu) = 0;
   };
-  // Queues `item` for `uid`, starting its thread if none runs.
-  void Push(uid_t uid, Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
+  // Queues `item` for `uid` in `s` (*state_), starting its thread if none
+  // runs.
+  void Push(State& s, uid_t uid, Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   static void Loop(std::shared_ptr<State> state, uid_t uid);
 
   const DescriptorCloserLimits limits_;

@@ -44,9 +44,10 @@ void SessionMonitor::Pause(int fd, Connection& c) {
   epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev);
   c.paused = true;
   ++paused_;
-  spdlog::debug("session socket: a connection of uid {} waits for {} refused "
-                "descriptors of its uid to be closed",
-                c.uid, closer_.pending(c.uid));
+  spdlog::debug(
+      "session socket: a connection of uid {} waits for {} refused "
+      "descriptors of its uid to be closed",
+      c.uid, closer_.pending(c.uid));
 }
 
 void SessionMonitor::ResumePaused() {

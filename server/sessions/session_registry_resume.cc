@@ -103,9 +103,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Resume(
       ++count;
     } else {
       if (unattached_ >= limits_.max_unattached_sessions) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            unattached_, " sessions without a session socket are open, the "
-            "most --max_unattached_sessions allows"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat(unattached_,
+                         " sessions without a session socket are open, the "
+                         "most --max_unattached_sessions allows"));
       }
       ++unattached_;
     }

@@ -41,8 +41,8 @@ absl::Status CheckKeeperPeer(int connection, const std::string& path) {
   return absl::PermissionDeniedError(absl::StrCat(
       "what listens on the state keeper's socket ", path, " is pid ", peer.pid,
       " of uid ", peer.uid, ", not a keeper of hostkvd's uid ", geteuid(),
-      " (or root): not trusted; remove ", path, " (another user's: its "
-      "directory should not be writable by others)"));
+      " (or root): not trusted; remove ", path,
+      " (another user's: its directory should not be writable by others)"));
 }
 
 namespace {
@@ -116,10 +116,10 @@ absl::StatusOr<std::unique_ptr<StateKeeper>> StateKeeper::Connect(
     if (unlink(path.c_str()) != 0 && errno != ENOENT &&
         lstat(path.c_str(), &st) == 0 && st.st_uid != geteuid()) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "the state keeper's socket path ", path, " is taken by a file of "
-          "uid ", st.st_uid, " that hostkvd (uid ", geteuid(), ") may not "
-          "remove; remove it (its directory should not be writable by "
-          "others)"));
+          "the state keeper's socket path ", path, " is taken by a file of uid ",
+          st.st_uid, " that hostkvd (uid ", geteuid(),
+          ") may not remove; remove it (its directory should not be writable "
+          "by others)"));
     }
     if (absl::Status s = Spawn(path, keep_for, args); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + absl::Seconds(5);

@@ -349,13 +349,15 @@ TEST(PoolKeepingTest, APoolCreatedAsItsNamesakeIsDeletedStaysKept) {
   registry.SetObserver([&](const std::string& pool, bool serving) {
     if (pool != "raced" || serving || !armed.exchange(false)) return;
     creator = std::thread([&] {
-      EXPECT_OK(registry.Create(second, false, v1::PoolOwner(), Principal{}).status());
+      EXPECT_OK(registry.Create(second, false, v1::PoolOwner(), Principal{})
+                    .status());
       created = true;
     });
     // Its deposits come before its own Notify, which waits for this one.
     absl::SleepFor(absl::Milliseconds(300));
   });
-  ASSERT_OK(registry.Create(first, false, v1::PoolOwner(), Principal{}).status());
+  ASSERT_OK(
+      registry.Create(first, false, v1::PoolOwner(), Principal{}).status());
   armed = true;
   ASSERT_OK(registry.Delete("raced", root));
   creator.join();
@@ -368,7 +370,8 @@ TEST(PoolKeepingTest, APoolCreatedAsItsNamesakeIsDeletedStaysKept) {
   // And they are the new pool's.
   struct stat kept {};
   ASSERT_EQ(0, fstat(items[PoolSegmentKeepName("raced")].get(), &kept));
-  EXPECT_GE(static_cast<uint64_t>(kept.st_size), pool->geometry().total_bytes());
+  EXPECT_GE(static_cast<uint64_t>(kept.st_size),
+            pool->geometry().total_bytes());
 }
 
 }  // namespace
