@@ -532,10 +532,14 @@ int Run() {
   // small descriptor limit would leave the flag's default above the total).
   o.limits.max_passed_fds_per_uid = std::min(
       o.limits.max_passed_fds_per_uid, std::max(1u, o.limits.max_passed_fds / 4));
-  // Refused descriptors waiting to be closed, all uids: an eighth, at least
-  // what one uid may hold.
-  o.connections.refused_fds.max_total = static_cast<size_t>(std::max<uint64_t>(
-      o.connections.refused_fds.max_per_uid, std::min<uint64_t>(files / 8, 1u << 20)));
+  // Refused descriptors waiting to be closed, all uids: an eighth (room for
+  // two records at least). One uid holds at most what leaves another room
+  // for a record, so that no single uid's share can stall another's reads.
+  DescriptorCloserLimits& refused = o.connections.refused_fds;
+  refused.max_total = static_cast<size_t>(std::max<uint64_t>(
+      2 * (kMaxRecordFds + 1), std::min<uint64_t>(files / 8, 1u << 20)));
+  refused.max_per_uid =
+      std::min(refused.max_per_uid, refused.max_total - (kMaxRecordFds + 1));
   if ((o.socket_mode & 0006) != 0 && o.quota.max_pool_bytes_per_uid == 0) {
     spdlog::warn("--socket_mode={:o} lets every local user in, and "
                  "--max_pool_bytes_per_uid is 0: any of them may take all the "

@@ -184,7 +184,9 @@ ABSL_FLAG(int, max_refused_fds_per_uid, 1024,
           "refused descriptors one uid passed that wait to be closed (on a "
           "thread of that uid's own); past it, less than a record's worth "
           "(253) left, its connections are not read until they are closed "
-          "(default 1024, at least 254)");
+          "(default 1024, at least 254; all uids together: an eighth of the "
+          "descriptor limit, of which one uid leaves a record's worth to "
+          "the others)");
 ABSL_FLAG(int, max_passed_fds_per_uid, 1024,
           "passed descriptors (kPassFd memfds) the sessions of one uid may "
           "hold together, given back when they go (default 1024, and at most "
