@@ -348,13 +348,10 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
 absl::StatusOr<pid_t> ServingDaemonPid(const std::string& socket_path) {
   const std::string path = socket_path + kSessionSocketSuffix;
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   ucred peer{};
   socklen_t len = sizeof(peer);
-  if (fd.get() < 0 ||
-      connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  // A listener that never accepts (another user's) is not waited for.
+  if (fd.get() < 0 || ConnectWithin(fd.get(), path, absl::Seconds(5)) != 0 ||
       getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 ||
       peer.pid <= 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -17,11 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
+#include "server/operations/instance_lock.h"
 #include "server/state/keeper_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
 namespace {
+
+constexpr absl::Duration kConnectLimit = absl::Seconds(5);
 
 absl::Status Errno(int err, const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
@@ -55,9 +58,8 @@ absl::StatusOr<ScopedFd> ConnectTo(const std::string& path) {
   }
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) return Errno(errno, "socket");
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  // A listener that never accepts (another user's) is not waited for.
+  if (ConnectWithin(fd.get(), path, kConnectLimit) != 0) {
     return Errno(errno, "connect " + path);
   }
   RETURN_IF_ERROR(CheckKeeperPeer(fd.get(), path));

@@ -193,12 +193,23 @@ for secret in sys.argv[3:]:
 print(json.dumps(out), flush=True)
 """
 
-# Listens on argv[1] (a SOCK_SEQPACKET socket) until its stdin closes.
+# Listens on argv[1] (a SOCK_SEQPACKET socket) until its stdin closes; with
+# argv[2] == "full", never accepts and fills its backlog first, so that a
+# blocking connect(2) would wait for ever.
 SQUAT = r"""
 import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.bind(sys.argv[1])
-s.listen(16)
+full = len(sys.argv) > 2 and sys.argv[2] == "full"
+s.listen(0 if full else 16)
+held = []
+while full:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK)
+    try:
+        c.connect(sys.argv[1])
+    except BlockingIOError:
+        break
+    held.append(c)
 print("listening", flush=True)
 sys.stdin.read()
 """
@@ -383,8 +394,8 @@ def sticky_dir():
     subprocess.run(["rm", "-rf", path])
 
 
-def squat(path):
-    process = attacker(SQUAT, path)
+def squat(path, *how):
+    process = attacker(SQUAT, path, *how)
     assert process.stdout.readline() == "listening\n", process.stderr.read()
     assert os.stat(path).st_uid == OTHER_UID
     return process
@@ -396,41 +407,70 @@ def start_hostkvd(sock, *flags):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def start_and_wait_serving(sock):
+    daemon = start_hostkvd(sock)
+
+    def serves():
+        assert daemon.poll() is None, daemon.stdout.read()
+        try:
+            hostkv.Client(f"unix:{sock}", "probe", connect_timeout=1).close()
+            return True
+        except hostkv.errors.Unavailable:
+            return False
+    return daemon, wait_until(serves)
+
+
+def stop_hostkvd(daemon):
+    daemon.terminate()
+    return daemon.communicate(timeout=20)[0]
+
+
 def test_another_users_listener_on_the_keepers_path_does_not_stop_hostkvd(sticky_dir):
     sock = os.path.join(sticky_dir, "hostkvd.sock")
     squatter = squat(sock + ".state")
-    daemon = start_hostkvd(sock)
+    daemon, served = start_and_wait_serving(sock)
     try:
         # It serves (its state not kept); before: it exited at start.
-        def serves():
-            assert daemon.poll() is None, daemon.stdout.read()
-            try:
-                hostkv.Client(f"unix:{sock}", "probe", connect_timeout=1).close()
-                return True
-            except hostkv.errors.Unavailable:
-                return False
-        assert wait_until(serves)
+        assert served
         # A standalone keeper does not wait for the listener for ever.
         keeper = subprocess.run([hostkvd_binary(), f"--state_keeper={sock}.state"],
                                 capture_output=True, text=True, timeout=20)
         assert keeper.returncode == 1, keeper
         assert f"uid {OTHER_UID}" in keeper.stdout + keeper.stderr
     finally:
-        daemon.terminate()
-        out = daemon.communicate(timeout=20)[0]
+        out = stop_hostkvd(daemon)
         let_go(squatter)
     assert f"{sock}.state" in out and f"uid {OTHER_UID}" in out, out
 
 
-def test_takeover_signals_no_listener_of_another_uid(sticky_dir):
+def test_a_listener_that_never_accepts_on_the_keepers_path_is_not_waited_for(sticky_dir):
+    """Its backlog full, a connect(2) would wait for ever: hostkvd gives up
+    on it after 5 s (root then removes it from the sticky directory and
+    starts its own keeper) and serves."""
     sock = os.path.join(sticky_dir, "hostkvd.sock")
-    squatter = squat(sock + ".session")
+    squatter = squat(sock + ".state", "full")
+    daemon, served = start_and_wait_serving(sock)
+    try:
+        assert served
+    finally:
+        stop_hostkvd(daemon)
+        let_go(squatter)
+
+
+@pytest.mark.parametrize("how", ["accepting", "full"])
+def test_takeover_signals_no_listener_of_another_uid(sticky_dir, how):
+    sock = os.path.join(sticky_dir, "hostkvd.sock")
+    squatter = squat(sock + ".session", how)
     try:
         out = subprocess.run([hostkvd_binary(), "--memory_reserve=256MiB",
                               f"--listen=unix:{sock}", "--takeover"],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=30)
         assert out.returncode != 0
-        assert f"uid {OTHER_UID}" in out.stderr + out.stdout, out
+        said = out.stderr + out.stdout
+        if how == "accepting":
+            assert f"uid {OTHER_UID}" in said, said
+        else:
+            assert f"no hostkvd answers on {sock}.session" in said, said
         # Still there: not SIGTERMed (before: it was).
         time.sleep(0.2)
         assert squatter.poll() is None
