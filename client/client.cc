@@ -41,6 +41,14 @@ absl::StatusOr<SessionReply> SessionExchange(int socket, const SessionMessage& m
   // the send failed.
   const bool sent = SendRecord(socket, &message, sizeof(message), pass_fd);
   const int send_errno = errno;
+  if (!sent && send_errno == EPERM && pass_fd >= 0) {
+    // The kernel refused the descriptor for the daemon (SO_PASSRIGHTS off):
+    // this uid's refused descriptors still wait to be closed. The record
+    // was not sent; no reply comes.
+    return absl::ResourceExhaustedError(
+        "the daemon takes no descriptors from this uid for now (descriptors "
+        "it refused from this uid still wait to be closed); try again later");
+  }
   SessionReply reply{};
   ReceivedRecord got = ReceiveRecord(socket, &reply, sizeof(reply), false);
   if (got.bytes != static_cast<ssize_t>(sizeof(reply))) {

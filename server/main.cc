@@ -2,6 +2,7 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -183,9 +184,18 @@ absl::Status KeepState(const DaemonOptions& o, Daemon& d) {
     return absl::OkStatus();
   }
   const std::string path = o.socket_path + kStateSocketSuffix;
-  ASSIGN_OR_RETURN(d.keeper, StateKeeper::Connect(path, /*spawn=*/true,
-                                                  o.state_keep_for,
-                                                  KeeperLoggingArgs()));
+  absl::StatusOr<std::unique_ptr<StateKeeper>> keeper = StateKeeper::Connect(
+      path, /*spawn=*/true, o.state_keep_for, KeeperLoggingArgs());
+  if (!keeper.ok() && absl::IsPermissionDenied(keeper.status()) && !o.takeover) {
+    // Another user listens on the keeper's path (a socket directory others
+    // may write to): serving without kept state beats not serving.
+    spdlog::error("{}; hostkvd serves without keeping its state across "
+                  "restarts",
+                  std::string(keeper.status().message()));
+    return absl::OkStatus();
+  }
+  if (!keeper.ok()) return keeper.status();
+  d.keeper = std::move(*keeper);
   if (o.discard_state) {
     ASSIGN_OR_RETURN(auto held, d.keeper->Collect());
     RETURN_IF_ERROR(d.keeper->Discard());
@@ -340,20 +350,44 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
 absl::StatusOr<pid_t> ServingDaemonPid(const std::string& socket_path) {
   const std::string path = socket_path + kSessionSocketSuffix;
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   ucred peer{};
   socklen_t len = sizeof(peer);
-  if (fd.get() < 0 ||
-      connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  // A listener that never accepts (another user's) is not waited for.
+  if (fd.get() < 0 || ConnectWithin(fd.get(), path, absl::Seconds(5)) != 0 ||
       getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 ||
       peer.pid <= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--takeover: no hostkvd answers on ", path, " (", std::strerror(errno),
         "); start without --takeover"));
   }
+  // In a directory others may write to (sticky), anyone may listen on the
+  // path: only a process of this uid is a hostkvd this one may signal.
+  if (peer.uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--takeover: what listens on ", path, " is pid ", peer.pid,
+        " of uid ", peer.uid, ", not a hostkvd of this uid (", geteuid(),
+        "): not signalled; remove ", path, " or start without --takeover"));
+  }
+  // A daemon holds the instance lock; a listener without it is no hostkvd
+  // (the lock, taken here, goes at once).
+  if (InstanceLock::Acquire(socket_path).ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--takeover: pid ", peer.pid, " listens on ", path, " but no hostkvd "
+        "holds ", socket_path, ".lock: not signalled; start without "
+        "--takeover"));
+  }
   return peer.pid;
+}
+
+// A path beside `socket_path` that nobody can have taken before: other
+// users may create files in a sticky socket directory, and a name they can
+// guess (the pid) would keep this daemon from binding.
+std::string UnguessablePath(const std::string& socket_path) {
+  uint64_t random = 0;
+  if (getrandom(&random, sizeof(random), 0) != sizeof(random)) {
+    random = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  }
+  return absl::StrCat(socket_path, ".next.", absl::Hex(random, absl::kZeroPad16));
 }
 
 // --takeover: listens beside the running daemon, asks it to drain and exit,
@@ -366,7 +400,7 @@ absl::Status TakeOver(const DaemonOptions& o, Daemon& d,
   // A path of this daemon's own: gRPC removes the path it bound when it
   // shuts down, and this daemon may itself be taken over later, by a
   // daemon that then listens beside it.
-  next.socket_path = absl::StrCat(o.socket_path, ".next.", getpid());
+  next.socket_path = UnguessablePath(o.socket_path);
   next.listen = "unix:" + next.socket_path;
   d.handler->HoldRequests();
   RETURN_IF_ERROR(StartServer(next, d));
@@ -493,6 +527,18 @@ int Run() {
   const uint64_t files = RaiseFileLimit();
   o.limits.max_passed_fds =
       static_cast<uint32_t>(std::max<uint64_t>(16, std::min<uint64_t>(files / 4, 1u << 20)));
+  // One uid takes at most a quarter of those, whatever the flag says (a
+  // small descriptor limit would leave the flag's default above the total).
+  o.limits.max_passed_fds_per_uid = std::min(
+      o.limits.max_passed_fds_per_uid, std::max(1u, o.limits.max_passed_fds / 4));
+  // Refused descriptors waiting to be closed, all uids: an eighth (room for
+  // two records at least). One uid holds at most what leaves another room
+  // for a record, so that no single uid's share can stall another's reads.
+  DescriptorCloserLimits& refused = o.connections.refused_fds;
+  refused.max_total = static_cast<size_t>(std::max<uint64_t>(
+      2 * (kMaxRecordFds + 1), std::min<uint64_t>(files / 8, 1u << 20)));
+  refused.max_per_uid =
+      std::min(refused.max_per_uid, refused.max_total - (kMaxRecordFds + 1));
   if ((o.socket_mode & 0006) != 0 && o.quota.max_pool_bytes_per_uid == 0) {
     spdlog::warn("--socket_mode={:o} lets every local user in, and "
                  "--max_pool_bytes_per_uid is 0: any of them may take all the "

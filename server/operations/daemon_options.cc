@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
 #include "server/operations/byte_size.h"
 #include "server/operations/flag_sources.h"
@@ -198,6 +199,46 @@ ABSL_FLAG(std::string, metrics_label_key_file, "",
           "file holding the key of /metrics' hashed namespace and pool labels "
           "(HMAC-SHA256); the same key gives the same labels on every node "
           "and across restarts. Default empty: a random key at each start");
+
+// Descriptors clients pass over the session socket (README "Trust model").
+ABSL_FLAG(int, max_refused_fds_per_uid, 1024,
+          "refused descriptors one uid passed that wait to be closed (on a "
+          "thread of that uid's own); past it, less than a record's worth "
+          "(253) left, its connections are not read until they are closed "
+          "(default 1024, at least 254; all uids together: an eighth of the "
+          "descriptor limit, of which one uid leaves a record's worth to "
+          "the others)");
+ABSL_FLAG(int, max_passed_fds_per_uid, 1024,
+          "passed descriptors (kPassFd memfds) the sessions of one uid may "
+          "hold together, given back when they go (default 1024, and at most "
+          "a quarter of what all uids may: a quarter of the descriptor "
+          "limit)");
+
+namespace hostkv {
+namespace {
+
+const std::vector<std::string> kDescriptorFlagNames = {
+    "max_refused_fds_per_uid", "max_passed_fds_per_uid"};
+
+absl::Status ReadDescriptorLimits(DaemonOptions& o) {
+  const int refused = absl::GetFlag(FLAGS_max_refused_fds_per_uid);
+  if (refused < static_cast<int>(kMaxRecordFds) + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_refused_fds_per_uid must be at least ", kMaxRecordFds + 1,
+        " (what one record can carry, and one), got ", refused));
+  }
+  o.connections.refused_fds.max_per_uid = static_cast<size_t>(refused);
+  const int passed = absl::GetFlag(FLAGS_max_passed_fds_per_uid);
+  if (passed < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_passed_fds_per_uid must be at least 1, got ", passed));
+  }
+  o.limits.max_passed_fds_per_uid = static_cast<uint32_t>(passed);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace hostkv
 
 namespace hostkv {
 namespace {
@@ -521,6 +562,7 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
       absl::GetFlag(FLAGS_allow_unverified_shm_names);
   o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
   RETURN_IF_ERROR(ReadTenantLimits(o));
+  RETURN_IF_ERROR(ReadDescriptorLimits(o));
   if (o.limits.session_lease < absl::Seconds(1)) {
     return absl::InvalidArgumentError("--session_lease must be at least 1s");
   }
@@ -597,6 +639,8 @@ const std::vector<std::string>& DaemonFlagNames() {
   static const std::vector<std::string>* names = [] {
     auto* all = new std::vector<std::string>(kFlagNames);
     all->insert(all->end(), TierFlagNames().begin(), TierFlagNames().end());
+    all->insert(all->end(), kDescriptorFlagNames.begin(),
+                kDescriptorFlagNames.end());
     return all;
   }();
   return *names;

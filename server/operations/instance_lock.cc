@@ -5,7 +5,10 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -234,6 +237,27 @@ absl::Status SecureSocketPath(const std::string& path, mode_t mode, gid_t gid) {
         path, gid, std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+int ConnectWithin(int fd, const std::string& path, absl::Duration limit) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  // connect(2) on a Unix socket waits for room in the backlog for as long
+  // as SO_SNDTIMEO says; put back to "for ever" once connected.
+  const timeval wait = absl::ToTimeval(limit);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof(wait));
+  const int result =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int error = errno;
+  const timeval forever{0, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &forever, sizeof(forever));
+  errno = error;
+  return result;
 }
 
 std::string SegmentPrefix(const std::string& socket_path) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/contract/shm_segment.h"
 
 namespace hostkv {
@@ -63,6 +64,12 @@ BoundPath IdentifyPath(const std::string& path);
 // Unlinks bound.path if it still names the file bound.dev/ino; returns
 // whether it did.
 bool UnlinkIfStillOurs(const BoundPath& bound);
+
+// Connects `fd` (a blocking Unix socket) to `path`, waiting at most `limit`
+// while the listener's backlog is full: in a directory others may write to,
+// another user's listener may never accept. Returns connect's result (-1
+// with errno EAGAIN once `limit` passed, ENAMETOOLONG for a long path).
+int ConnectWithin(int fd, const std::string& path, absl::Duration limit);
 
 // The prefix of this daemon's shared-memory segments ("/hostkv.<id>."). A
 // Unix-socket daemon's id is a hash of its socket's real path (realpath() of

@@ -216,10 +216,6 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Publish(
                        PoolLedger::Create(spec, owner, num_pages));
       pool->set_ledger(std::move(ledger));
     }
-    RETURN_IF_ERROR(keeper_->Deposit(PoolSegmentKeepName(spec.name()),
-                                     pool->segment_fd()));
-    RETURN_IF_ERROR(keeper_->Deposit(PoolLedgerKeepName(spec.name()),
-                                     pool->ledger()->fd()));
   }
   pool->set_owner(owner);
   if (gpu_ != nullptr) {
@@ -232,6 +228,13 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Publish(
   }
   std::shared_ptr<HostPool> shared = std::move(pool);
   {
+    absl::MutexLock keep_lock(&keep_mu_);
+    if (keeper_ != nullptr) {
+      RETURN_IF_ERROR(keeper_->Deposit(PoolSegmentKeepName(spec.name()),
+                                       shared->segment_fd()));
+      RETURN_IF_ERROR(keeper_->Deposit(PoolLedgerKeepName(spec.name()),
+                                       shared->ledger()->fd()));
+    }
     absl::MutexLock lock(&mu_);
     pools_[spec.name()] = shared;
   }
@@ -275,21 +278,26 @@ absl::Status PoolRegistry::Delete(const std::string& name,
                                   const Principal& who) {
   std::shared_ptr<HostPool> deleted;
   {
-    absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(deleted, DeleteLocked(name, who));
+    // Erased and let go of by the keeper before a pool of the same name can
+    // deposit its own descriptors under the same names (Publish).
+    absl::MutexLock keep_lock(&keep_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(deleted, DeleteLocked(name, who));
+    }
+    if (keeper_ != nullptr) {
+      absl::Status a = keeper_->Remove(PoolSegmentKeepName(name));
+      absl::Status b = keeper_->Remove(PoolLedgerKeepName(name));
+      if (!a.ok() || !b.ok()) {
+        spdlog::warn("pool '{}': the state keeper did not let go of it: {}",
+                     name, std::string((a.ok() ? b : a).message()));
+      }
+    }
   }
-  // Destroyed out of the lock: it joins its pinning thread, which may be
+  // Destroyed out of the locks: it joins its pinning thread, which may be
   // in Notify.
   deleted.reset();
   Notify(name);
-  if (keeper_ != nullptr) {
-    absl::Status a = keeper_->Remove(PoolSegmentKeepName(name));
-    absl::Status b = keeper_->Remove(PoolLedgerKeepName(name));
-    if (!a.ok() || !b.ok()) {
-      spdlog::warn("pool '{}': the state keeper did not let go of it: {}", name,
-                   std::string((a.ok() ? b : a).message()));
-    }
-  }
   spdlog::info("pool '{}' deleted", name);
   return absl::OkStatus();
 }

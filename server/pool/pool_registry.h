@@ -98,7 +98,7 @@ class PoolRegistry {
   // `who` may (CheckPoolAdmin); FailedPrecondition while pages are
   // allocated or device buffers are registered against it.
   absl::Status Delete(const std::string& name, const Principal& who)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_LOCKS_EXCLUDED(mu_, keep_mu_);
 
   // Called with (name, serving): true once a pool is ready to use (created,
   // and pinned when there is a GPU backend), false while it is being
@@ -137,6 +137,11 @@ class PoolRegistry {
   StateKeeper* keeper_ = nullptr;
 
   absl::Mutex create_mu_;  // serializes creations (which can be slow)
+  // Held from a pool's entry in pools_ to its descriptors in the keeper
+  // (Publish: deposit, then insert; Delete: erase, then remove), so that
+  // a deletion's removal cannot take the descriptors that a creation of
+  // the same name deposited meanwhile. Before mu_.
+  absl::Mutex keep_mu_;
   absl::Mutex notify_mu_;  // serializes observer calls
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostPool>> pools_

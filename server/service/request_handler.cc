@@ -201,8 +201,21 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    SessionOfSender(id, sender, "descriptors are taken only from the session's own peer"));
   RETURN_IF_ERROR(CheckSealedMemfd(fd.get()));
-  uint64_t held = 0;
-  for (const std::shared_ptr<Session>& s : sessions_->List()) held += s->passed_fds();
+  uint64_t held = 0, of_uid = 0;
+  for (const std::shared_ptr<Session>& s : sessions_->List()) {
+    const uint32_t passed = s->passed_fds();
+    held += passed;
+    const std::optional<PeerCredentials> peer = s->peer();
+    if (peer.has_value() && peer->uid == sender.uid) of_uid += passed;
+  }
+  // Per uid first: one user holding every slot must not be the reason
+  // another user's pass is refused.
+  if (of_uid >= limits_.max_passed_fds_per_uid) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", sender.uid, " holds ", of_uid,
+                     " passed descriptors in its "
+                     "sessions, the most --max_passed_fds_per_uid allows"));
+  }
   if (held >= limits_.max_passed_fds) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the daemon holds ", held, " passed descriptors, the most its "

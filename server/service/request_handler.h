@@ -46,6 +46,8 @@ struct RequestLimits {
   // sessions together (main.cc: a quarter of the descriptor limit, so that
   // gRPC never runs out).
   uint32_t max_passed_fds = 4096;
+  // ... and the sessions of one uid together (--max_passed_fds_per_uid).
+  uint32_t max_passed_fds_per_uid = 1024;
   // Who may use the pools sessions create (PoolOwner.access).
   v1::PoolAccess pool_access = v1::POOL_ACCESS_OWNER;
   // Shared-memory names may also belong to another uid if the segment is

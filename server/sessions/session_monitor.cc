@@ -23,6 +23,19 @@
 namespace hostkv {
 namespace {
 
+// SO_PASSRIGHTS (Linux 6.16): 0 makes the kernel refuse SCM_RIGHTS sent to
+// the socket (EPERM to the sender). Older headers lack the name.
+constexpr int kSoPassRights = 83;
+
+// Whether `listener` refuses descriptors (the kernel knows SO_PASSRIGHTS).
+bool RefusesDescriptors(int listener) {
+  int value = 1;
+  socklen_t len = sizeof(value);
+  return listener >= 0 &&
+         getsockopt(listener, SOL_SOCKET, kSoPassRights, &value, &len) == 0 &&
+         value == 0;
+}
+
 absl::StatusOr<ScopedFd> Listen(const std::string& path, mode_t mode,
                                 gid_t gid) {
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -36,6 +49,10 @@ absl::StatusOr<ScopedFd> Listen(const std::string& path, mode_t mode,
   // sender's credentials, taken by the kernel when it is sent.
   const int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+  // And refuse descriptors (where the kernel can: Linux 6.16) until the
+  // monitor allows them on a connection with a session.
+  const int zero = 0;
+  setsockopt(fd.get(), SOL_SOCKET, kSoPassRights, &zero, sizeof(zero));
   unlink(path.c_str());  // the instance lock guarantees it is ours
   if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       listen(fd.get(), 128) != 0) {
@@ -141,7 +158,15 @@ SessionMonitor::SessionMonitor(RequestHandler* handler, std::string socket_path,
                                  limits.max_command_rings_per_uid,
                              .cpu_per_uid = limits.ring_cpu_per_uid},
                   handler->budget()),
-      reaper_(handler, lease) {}
+      rights_switch_(RefusesDescriptors(listener_.get())),
+      closer_(limits.refused_fds),
+      reaper_(handler, lease) {
+  if (listener_.get() >= 0 && !rights_switch_) {
+    spdlog::info("session socket: the kernel cannot refuse descriptors "
+                 "(SO_PASSRIGHTS, Linux 6.16); refused ones are closed on "
+                 "threads of their senders' uids");
+  }
+}
 
 SessionMonitor::~SessionMonitor() {
   const uint64_t one = 1;
@@ -149,7 +174,9 @@ SessionMonitor::~SessionMonitor() {
     spdlog::warn("session monitor: cannot wake: {}", std::strerror(errno));
   }
   thread_.join();
-  for (const auto& [fd, c] : connections_) CloseConnection(ScopedFd(fd));
+  for (const auto& [fd, c] : connections_) {
+    CloseConnection(ScopedFd(fd), c.uid, c.rights_ever);
+  }
   if (!socket_path_.empty()) UnlinkIfStillOurs(bound_);
 }
 
@@ -159,16 +186,18 @@ void SessionMonitor::Loop() {
   epoll_event events[64];
   absl::Time next_sweep = absl::Now() + absl::Seconds(1);
   while (true) {
-    const int n = epoll_wait(epoll_.get(), events, 64, 1000);
+    // Paused connections are looked at again every 50 ms.
+    const int n = epoll_wait(epoll_.get(), events, 64, paused_ > 0 ? 50 : 1000);
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
       if (fd == wake_.get()) return;
       if (fd == listener_.get()) {
         Accept();
-      } else if (!Serve(fd)) {
+      } else if (!Serve(fd, events[i].events)) {
         Drop(fd);
       }
     }
+    if (paused_ > 0) ResumePaused();
     if (absl::Now() >= next_sweep) {
       DropLate();
       next_sweep = absl::Now() + absl::Seconds(1);
@@ -179,22 +208,17 @@ void SessionMonitor::Loop() {
 void SessionMonitor::ShedOne() {
   // Out of descriptors: give up the spare one to accept the connection and
   // close it at once, so the backlog does not keep the listener readable
-  // forever (and the client learns it was refused).
+  // forever (and the client learns it was refused). Records sent before
+  // the accept carry descriptors only where the kernel cannot refuse them:
+  // then the closer closes it, on its uid's thread.
   reserve_ = ScopedFd();
   ScopedFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  // Records sent before the accept may carry descriptors, which closing it
-  // would release here, and there is no descriptor left to receive them
-  // into: the closer closes it. If the closer is full, it is closed here
-  // only if nothing is queued in it (every record has bytes), else left
-  // open: a close here must not release a client's descriptors.
   if (fd.get() >= 0) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len);
     shutdown(fd.get(), SHUT_RDWR);
-    if (!closer_.Enqueue(&fd)) {
-      char byte;
-      const bool empty = recv(fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
-      if (!empty) fd.release();
-    }
-    fd = ScopedFd();
+    CloseConnection(std::move(fd), cred.uid, !rights_switch_);
   }
   reserve_ = ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
   spdlog::warn("session socket: out of file descriptors; refused a connection "
@@ -213,30 +237,33 @@ void SessionMonitor::Accept() {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      CloseConnection(std::move(fd));
+      CloseConnection(std::move(fd), static_cast<uid_t>(-1), !rights_switch_);
       continue;
     }
     absl::Status refused;
     uint32_t& of_uid = per_uid_[cred.uid];
+    // Its connections the closer still closes count too.
+    const size_t closing = closer_.connections(cred.uid);
     if (connections_.size() >= limits_.max_connections) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
           connections_.size(), " session connections are open, the most "
           "--max_session_connections allows"));
-    } else if (of_uid >= limits_.max_connections_per_uid) {
+    } else if (of_uid + closing >= limits_.max_connections_per_uid) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
-          "uid ", cred.uid, " has ", of_uid, " session connections open, the "
-          "most --max_session_connections_per_uid allows"));
+          "uid ", cred.uid, " has ", of_uid + closing, " session connections "
+          "open or closing, the most --max_session_connections_per_uid "
+          "allows"));
     }
     if (!refused.ok()) {
       if (of_uid == 0) per_uid_.erase(cred.uid);
-      Reply(fd.get(), ReplyFor(SessionMessageKind::kOpen, refused));
-      spdlog::debug("session socket: {}", std::string(refused.message()));
-      CloseConnection(std::move(fd));
+      Refuse(std::move(fd), cred.uid, refused);
       continue;
     }
     ++of_uid;
     Connection c;
     c.uid = cred.uid;
+    // Without SO_PASSRIGHTS, records with descriptors may be queued already.
+    c.rights_ever = !rights_switch_;
     c.gid = cred.gid;
     c.groups = PeerGroups(fd.get());
     c.accepted = absl::Now();
@@ -249,10 +276,24 @@ void SessionMonitor::Accept() {
   }
 }
 
-bool SessionMonitor::Serve(int fd) {
+void SessionMonitor::Refuse(ScopedFd fd, uid_t uid, const absl::Status& why) {
+  Reply(fd.get(), ReplyFor(SessionMessageKind::kOpen, why));
+  spdlog::debug("session socket: {}", std::string(why.message()));
+  CloseConnection(std::move(fd), uid, !rights_switch_);
+}
+
+bool SessionMonitor::Serve(int fd, uint32_t events) {
   auto it = connections_.find(fd);
   if (it == connections_.end()) return false;
   Connection& c = it->second;
+  if (c.paused) return (events & (EPOLLHUP | EPOLLERR)) == 0;
+  if (!MayRead(fd, c)) {
+    // Its next record may carry more descriptors than its uid's closes
+    // have room for: it waits in the connection, out of the daemon's
+    // descriptor table, until they catch up.
+    Pause(fd, c);
+    return true;
+  }
   SessionMessage m{};
   ReceivedRecord got = ReceiveRecord(fd, &m, sizeof(m), /*dont_wait=*/true);
   if (got.bytes < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
@@ -329,8 +370,8 @@ ScopedFd SessionMonitor::TakeMemfd(Connection& c, SessionMessageKind kind,
                  "record, refused: {} (not logged again for this connection)",
                  c.uid, count, KindName(kind), what);
   }
-  closer_.Dispose(std::move(got.fd));
-  for (ScopedFd& more : got.more_fds) closer_.Dispose(std::move(more));
+  closer_.Dispose(c.uid, std::move(got.fd));
+  for (ScopedFd& more : got.more_fds) closer_.Dispose(c.uid, std::move(more));
   got.more_fds.clear();
   return ScopedFd();
 }
@@ -413,6 +454,7 @@ bool SessionMonitor::Handle(int fd, Connection& c, const SessionMessage& m,
   reply.lease_seconds = 0;  // lives as long as the connection
   reply.features = kSessionFeatureCommandRing | kSessionFeatureRingListEvictions;
   c.session = session.id();
+  MayRead(fd, c);  // descriptors may come now, its kPassFd records
   Reply(fd, reply, attached->signal_fd.get());
   return true;
 }
@@ -452,15 +494,15 @@ void SessionMonitor::OpenCommandRing(int fd, Connection& c) {
   Reply(fd, reply, ring_fd.ok() ? ring_fd->get() : -1);
 }
 
-void SessionMonitor::CloseConnection(ScopedFd fd) {
-  closer_.CloseConnection(std::move(fd));
-}
-
 void SessionMonitor::Drop(int fd) {
   auto it = connections_.find(fd);
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
-  CloseConnection(ScopedFd(fd));
-  if (it == connections_.end()) return;
+  if (it == connections_.end()) {
+    CloseConnection(ScopedFd(fd), static_cast<uid_t>(-1), true);
+    return;
+  }
+  CloseConnection(ScopedFd(fd), it->second.uid, it->second.rights_ever);
+  if (it->second.paused) --paused_;
   SessionId session = std::move(it->second.session);
   auto uid = per_uid_.find(it->second.uid);
   if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);

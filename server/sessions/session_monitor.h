@@ -5,7 +5,12 @@
 // they attach. The only descriptor a client may pass is one memfd with a
 // kPassFd record; any other is refused and handed to a DescriptorCloser, so
 // that no client's descriptor is ever closed on the monitor's thread in a
-// way that can block it.
+// way that can block it. Descriptors reach the daemon only on connections
+// with a session (SO_PASSRIGHTS is off until then, where the kernel has it:
+// Linux 6.16) and only while the sender's uid has room in the closer: past
+// it, its connections are not read and, where the kernel can, refuse
+// descriptors (the sender's sendmsg fails with EPERM) until its closes
+// catch up.
 #ifndef HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_
 #define HOSTKV_SERVER_SESSIONS_SESSION_MONITOR_H_
 
@@ -45,6 +50,9 @@ struct ConnectionLimits {
   double ring_cpu_per_uid = 1.0;
   // How long a ring's thread polls after a call before it sleeps.
   absl::Duration command_ring_spin = RingServer::kDefaultSpin;
+  // Refused descriptors and closed connections waiting to be closed
+  // (--max_refused_fds_per_uid; all uids: main.cc).
+  DescriptorCloserLimits refused_fds;
 };
 
 // Runs one thread; Start and the destructor are not thread-safe.
@@ -70,6 +78,10 @@ class SessionMonitor {
     absl::Time accepted;
     SessionId session;  // empty until opened or attached
     bool refused_descriptor = false;  // logged once per connection
+    // SO_PASSRIGHTS on now; ever (records with descriptors may be queued).
+    bool rights = false;
+    bool rights_ever = false;
+    bool paused = false;  // not read until its uid's closes catch up
     std::unique_ptr<RingServer> ring;  // once asked for (kOpenCommandRing)
   };
 
@@ -80,8 +92,23 @@ class SessionMonitor {
   void Accept();
   // Accepts and refuses one connection when descriptors ran out.
   void ShedOne();
-  // Handles readable/closed connection `fd`; returns false to drop it.
-  bool Serve(int fd);
+  // Handles readable/closed connection `fd` (epoll `events`); returns false
+  // to drop it.
+  bool Serve(int fd, uint32_t events);
+  // Whether records of `c` may be read now: its uid has room in closer_ for
+  // what one record can carry. Turns descriptor passing on `fd` off when
+  // not, back on when so and `c` has a session.
+  bool MayRead(int fd, Connection& c);
+  // Stops reading `fd` / reads it again.
+  void Pause(int fd, Connection& c);
+  void ResumePaused();
+  // SO_PASSRIGHTS on `fd`; false where the kernel lacks it.
+  bool AllowDescriptors(int fd, Connection& c, bool allow);
+  // Gets rid of connection `fd` of `uid`: closed here when no descriptor
+  // can be queued in it, else by closer_ on the uid's thread.
+  void CloseConnection(ScopedFd fd, uid_t uid, bool may_hold_descriptors);
+  // Refuses freshly accepted `fd` of `uid` with `why`.
+  void Refuse(ScopedFd fd, uid_t uid, const absl::Status& why);
   // Takes the descriptors that came with a record of kind `kind` out of
   // `got`: returns the memfd of a well-formed kPassFd record that carried
   // exactly that; disposes of everything else through closer_ and sets
@@ -91,9 +118,6 @@ class SessionMonitor {
   // Replies to one record of connection `c`.
   bool Handle(int fd, Connection& c, const SessionMessage& m,
               const PeerCredentials& sender, ScopedFd passed);
-  // Closes a connection without releasing here the descriptors queued in it
-  // (records not read yet): DescriptorCloser::CloseConnection.
-  void CloseConnection(ScopedFd fd);
   void Drop(int fd);
   void DropLate();
   // kOpenCommandRing: the connection's ring (started on first ask) and a
@@ -111,6 +135,9 @@ class SessionMonitor {
   ScopedFd wake_;     // eventfd that stops the loop
   ScopedFd reserve_;  // a spare descriptor given up to shed a connection
   RingQuota ring_quota_;  // rings' count, memory and CPU, per uid
+  // The kernel has SO_PASSRIGHTS: the listener refuses descriptors, and so
+  // does each connection until it has a session.
+  bool rights_switch_ = false;
   // Loop thread only.
   absl::flat_hash_map<int, Connection> connections_;
   absl::flat_hash_map<uid_t, uint32_t> per_uid_;
@@ -118,6 +145,7 @@ class SessionMonitor {
   // Rings of dropped connections whose threads still finish a call; freed
   // by DropLate once ended.
   std::vector<std::unique_ptr<RingServer>> retiring_rings_;
+  size_t paused_ = 0;  // connections with `paused`
   DescriptorCloser closer_;
   SessionReaper reaper_;
   std::thread thread_;

@@ -16,15 +16,39 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/session_socket.h"
+#include "proto/contract/status_macros.h"
+#include "server/operations/instance_lock.h"
 #include "server/state/keeper_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
 namespace {
 
+constexpr absl::Duration kConnectLimit = absl::Seconds(5);
+
 absl::Status Errno(int err, const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
 }
+
+}  // namespace
+
+absl::Status CheckKeeperPeer(int connection, const std::string& path) {
+  // The state is the daemon's own: only a keeper of its uid (or root's)
+  // holds it. Anything else on the path is another user's listener.
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return Errno(errno, "SO_PEERCRED of " + path);
+  }
+  if (peer.uid == geteuid() || peer.uid == 0) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "what listens on the state keeper's socket ", path, " is pid ", peer.pid,
+      " of uid ", peer.uid, ", not a keeper of hostkvd's uid ", geteuid(),
+      " (or root): not trusted; remove ", path,
+      " (another user's: its directory should not be writable by others)"));
+}
+
+namespace {
 
 absl::StatusOr<ScopedFd> ConnectTo(const std::string& path) {
   sockaddr_un addr{};
@@ -34,20 +58,11 @@ absl::StatusOr<ScopedFd> ConnectTo(const std::string& path) {
   }
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) return Errno(errno, "socket");
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  // A listener that never accepts (another user's) is not waited for.
+  if (ConnectWithin(fd.get(), path, kConnectLimit) != 0) {
     return Errno(errno, "connect " + path);
   }
-  // The state is the daemon's own: a keeper of another uid is not ours.
-  ucred peer{};
-  socklen_t len = sizeof(peer);
-  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 ||
-      peer.uid != geteuid()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the state keeper on ", path, " runs as uid ", peer.uid, ", not as "
-        "hostkvd's uid ", geteuid(), ": remove it, or start hostkvd as that uid"));
-  }
+  RETURN_IF_ERROR(CheckKeeperPeer(fd.get(), path));
   return fd;
 }
 
@@ -97,8 +112,17 @@ absl::StatusOr<std::unique_ptr<StateKeeper>> StateKeeper::Connect(
     const std::vector<std::string>& args) {
   absl::StatusOr<ScopedFd> fd = ConnectTo(path);
   if (!fd.ok() && spawn && absl::IsUnavailable(fd.status())) {
-    // A socket file no keeper answers on is a dead keeper's.
-    unlink(path.c_str());
+    // A socket file no keeper answers on is a dead keeper's. One this
+    // process may not remove is another user's (a sticky directory).
+    struct stat st {};
+    if (unlink(path.c_str()) != 0 && errno != ENOENT &&
+        lstat(path.c_str(), &st) == 0 && st.st_uid != geteuid()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the state keeper's socket path ", path, " is taken by a file of uid ",
+          st.st_uid, " that hostkvd (uid ", geteuid(),
+          ") may not remove; remove it (its directory should not be writable "
+          "by others)"));
+    }
     if (absl::Status s = Spawn(path, keep_for, args); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     do {

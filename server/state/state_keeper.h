@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -51,6 +52,11 @@ class StateKeeper {
   absl::Mutex mu_;
   ScopedFd socket_ ABSL_GUARDED_BY(mu_);
 };
+
+// OK if the peer of `connection` (a connection to the keeper's socket
+// `path`) runs as this process's uid or root; PermissionDenied naming the
+// path, the peer's pid and uid otherwise.
+absl::Status CheckKeeperPeer(int connection, const std::string& path);
 
 // The keeper process's main: serves `path` until a daemon says kDiscard,
 // the socket file is removed or replaced, or no daemon has been connected

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "proto/contract/session_socket.h"
+#include "server/operations/instance_lock.h"
 #include "server/state/keeper_protocol.h"
 #include "server/state/state_keeper.h"
 #include "spdlog/spdlog.h"
@@ -104,10 +105,13 @@ int RunStateKeeper(const std::string& path, absl::Duration keep_for) {
   // e.g. a container of its own, came up late) holds state: wait for it to
   // go rather than take its place. A socket file nobody answers on is a
   // dead keeper's.
+  // A listener of another user is no keeper: it is not waited for.
   for (bool said = false;; said = true) {
     ScopedFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      break;
+    if (ConnectWithin(probe.get(), path, absl::Seconds(5)) != 0) break;
+    if (absl::Status peer = CheckKeeperPeer(probe.get(), path); !peer.ok()) {
+      Say("%s", std::string(peer.message()));
+      return 1;
     }
     if (!said) Say("another state keeper serves %s: waiting for it to exit", path);
     probe = ScopedFd();

@@ -25,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -272,11 +273,22 @@ void PrintReply(int socket, const char* label) {
   std::fflush(stdout);
 }
 
+// Sends `m` (with `pass` as SCM_RIGHTS if >= 0) and prints "LABEL sent:
+// yes" or the error; returns whether it went.
+bool SendAndSay(int socket, const SessionMessage& m, int pass,
+                const char* label) {
+  const bool sent = SendRecord(socket, &m, sizeof(m), pass);
+  std::printf("%s sent: %s\n", label, sent ? "yes" : std::strerror(errno));
+  std::fflush(stdout);
+  return sent;
+}
+
 // Issue 25, finding 6: lingering sockets passed with records the daemon
-// must refuse, this process's copies closed at once. On one connection, sent
-// without waiting in between (so the copies are closed while the daemon is
-// still busy opening the session): kOpen, kPassFd + socket, kOpen + socket.
-// Then on a fresh connection: kOpen + socket. Holds the other ends.
+// must refuse, this process's copies closed at once. On one connection,
+// once its session is open, sent without waiting in between: kPassFd +
+// socket, kOpen + socket. Then on a fresh connection (no session: where
+// the kernel has SO_PASSRIGHTS it refuses the descriptor, EPERM): kOpen +
+// socket. Holds the other ends.
 int PassLingeringSockets(const std::string& target, int hold_ms) {
   const std::string path = target.substr(5) + kSessionSocketSuffix;
   std::vector<LingeringPair> held;
@@ -294,21 +306,24 @@ int PassLingeringSockets(const std::string& target, int hold_ms) {
   for (int i = 0; i < 3; ++i) held.push_back(MakeLingeringPair());
   const SessionMessage open = NewSessionMessage(SessionMessageKind::kOpen, "lingering");
   const SessionMessage pass = NewSessionMessage(SessionMessageKind::kPassFd, "lingering");
-  int sent = SendRecord(connections[0], &open, sizeof(open));
-  sent += SendRecord(connections[0], &pass, sizeof(pass), held[0].client);
-  sent += SendRecord(connections[0], &open, sizeof(open), held[1].client);
-  close(held[0].client);
-  close(held[1].client);
-  std::printf("passed %d and closed\n", sent);
-  std::fflush(stdout);
-  PrintReply(connections[0], "open");
-  PrintReply(connections[0], "kPassFd");
-  PrintReply(connections[0], "kOpen");
-  sent = SendRecord(connections[1], &open, sizeof(open), held[2].client);
-  close(held[2].client);
-  std::printf("passed %d and closed\n", sent);
-  std::fflush(stdout);
-  PrintReply(connections[1], "fresh kOpen");
+  if (SendAndSay(connections[0], open, -1, "open")) {
+    PrintReply(connections[0], "open");
+  }
+  const bool pass_sent =
+      SendAndSay(connections[0], pass, held[0].client, "kPassFd");
+  const bool open_sent =
+      SendAndSay(connections[0], open, held[1].client, "kOpen");
+  // A copy the daemon did not get is kept: closing it here would linger.
+  if (pass_sent) close(held[0].client);
+  if (open_sent) close(held[1].client);
+  if (pass_sent) PrintReply(connections[0], "kPassFd");
+  if (open_sent) PrintReply(connections[0], "kOpen");
+  const bool fresh_sent =
+      SendAndSay(connections[1], open, held[2].client, "fresh kOpen");
+  if (fresh_sent) {
+    close(held[2].client);
+    PrintReply(connections[1], "fresh kOpen");
+  }
   std::printf("holding\n");
   std::fflush(stdout);
   usleep(static_cast<useconds_t>(hold_ms) * 1000);

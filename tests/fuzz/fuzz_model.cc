@@ -28,6 +28,7 @@ RequestLimits MakeLimits(const std::string& prefix) {
   limits.max_imports_per_session = kMaxImportsPerSession;
   limits.max_import_bytes_per_session = kMaxImportBytesPerSession;
   limits.max_imports_per_uid = kMaxImportsPerUid;
+  limits.max_passed_fds_per_uid = kMaxPassedFdsPerUid;
   limits.pool_access = kPoolAccess;
   return limits;
 }

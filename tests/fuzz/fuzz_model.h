@@ -43,6 +43,8 @@ inline constexpr uint64_t kMaxPoolBytesPerUid = 1ull << 20;
 inline constexpr uint32_t kMaxImportsPerSession = 2;  // and passed fds
 inline constexpr uint64_t kMaxImportBytesPerSession = 320ull << 10;
 inline constexpr uint32_t kMaxImportsPerUid = 5;
+// Passed descriptors of all attached sessions of one uid.
+inline constexpr uint32_t kMaxPassedFdsPerUid = 3;
 // Pools sessions create are usable by their owner's uid and group: both
 // the uid and the group branch of CheckPoolUse are reached.
 inline constexpr v1::PoolAccess kPoolAccess = v1::POOL_ACCESS_GROUP;

@@ -131,6 +131,7 @@ class Harness {
   uint32_t AttachedOfUid(uint32_t uid) const;
   uint32_t UnattachedCount() const;
   uint32_t ImportsOfUid(uint32_t uid) const;
+  uint32_t PassedOfUid(uint32_t uid) const;
   void Reconcile();
   void AllocFor(size_t live_index, const std::string& pool, uint64_t pages);
   static bool IsBasePool(const std::string& name);

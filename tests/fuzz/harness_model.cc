@@ -101,6 +101,14 @@ uint32_t Harness::ImportsOfUid(uint32_t uid) const {
   return n;
 }
 
+uint32_t Harness::PassedOfUid(uint32_t uid) const {
+  uint32_t n = 0;
+  for (const SessionModel& m : live_) {
+    if (m.attached && m.uid == uid) n += m.passed.size();
+  }
+  return n;
+}
+
 // Drops from the model the sessions that are no longer open (ended by
 // ExpireIdleSessions), after checking they were allowed to end.
 void Harness::Reconcile() {

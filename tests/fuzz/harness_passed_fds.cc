@@ -137,6 +137,14 @@ void Harness::DoPassFd() {
                s.status().ToString());
     return;
   }
+  // The uid's limit first (one uid holding every slot must not be why
+  // another is refused), then the session's.
+  const bool uid_full = PassedOfUid(m->uid) >= kMaxPassedFdsPerUid;
+  if (uid_full) {
+    CheckExhausted(s.status(), true, "--max_passed_fds_per_uid",
+                   "AcceptPassedFd");
+    return;
+  }
   const bool full = m->passed.size() >= kMaxImportsPerSession;
   CheckExhausted(s.status(), full, "--max_imports_per_session",
                  "AcceptPassedFd");

@@ -5,6 +5,7 @@ the kernel attaches the sender's credentials (SCM_CREDENTIALS) itself, the
 daemon having set SO_PASSCRED.
 """
 import array
+import errno
 import os
 import socket
 import struct
@@ -80,6 +81,13 @@ def exchange(sock, record, pass_fd=-1):
         if sent != len(record):
             send_error = "short send"
     except OSError as e:
+        if e.errno == errno.EPERM and pass_fd >= 0:
+            # The kernel refused the descriptor for the daemon (SO_PASSRIGHTS
+            # off): nothing was sent, no reply comes.
+            raise errors.ResourceExhausted(
+                "the daemon takes no descriptors from this uid for now "
+                "(descriptors it refused from this uid still wait to be "
+                "closed); try again later") from None
         # A refused connection has its reply waiting already: read anyway.
         send_error = e.strerror
     try:

@@ -87,15 +87,30 @@ TEST(KindOfDescriptorTest, NamesWhatClientsPass) {
   EXPECT_EQ(DescriptorKind::kOther, KindOfDescriptor(path_only.get()));
 }
 
+constexpr uid_t kUid = 1000;
+constexpr uid_t kOtherUid = 1001;
+
+// Waits up to 10 s for `done`.
+template <typename Done>
+bool WaitFor(Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!done() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+ScopedFd DevNull() { return ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC)); }
+
 // The final close of a socket lingering on unsent data does not wait: the
-// closer's thread makes it abortive and closes it at once; the caller does
+// uid's thread makes it abortive and closes it at once; the caller does
 // not touch it (SO_LINGER takes the socket's lock).
 TEST(DescriptorCloserTest, LingeringTcpSocketIsClosedAtOnce) {
   DescriptorCloser closer;
   LingeringSocket s = Lingering(5);
   const int fd = s.client.get();
   const absl::Time start = absl::Now();
-  closer.Dispose(std::move(s.client));
+  closer.Dispose(kUid, std::move(s.client));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
   ASSERT_TRUE(Drained(closer));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
@@ -103,25 +118,23 @@ TEST(DescriptorCloserTest, LingeringTcpSocketIsClosedAtOnce) {
   EXPECT_EQ(0u, closer.pending());
 }
 
-TEST(DescriptorCloserTest, MemfdsAndPipesCloseHereOthersOnTheThread) {
+TEST(DescriptorCloserTest, MemfdsCloseHereOthersOnTheThread) {
   DescriptorCloser closer;
   ScopedFd memfd(memfd_create("closer", MFD_CLOEXEC));
   const int memfd_number = memfd.get();
-  closer.Dispose(std::move(memfd));
+  closer.Dispose(kUid, std::move(memfd));
   EXPECT_FALSE(IsOpen(memfd_number));
   int pair[2];
   ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair));
   ScopedFd kept(pair[1]);
-  closer.Dispose(ScopedFd(pair[0]));
-  closer.Dispose(ScopedFd(open("/dev/null", O_RDONLY | O_CLOEXEC)));
+  closer.Dispose(kUid, ScopedFd(pair[0]));
+  closer.Dispose(kUid, DevNull());
   ASSERT_TRUE(Drained(closer));
   char byte;
   EXPECT_EQ(0, read(kept.get(), &byte, 1));  // the other end was closed
   EXPECT_EQ(0u, closer.leaked());
 }
 
-// A close that blocks holds up only the closer's thread; once its queue is
-// full, further descriptors are left open (counted), never closed by the
 // A Unix socket whose queue holds the only reference to `held`: closing it
 // releases `held` in the closing thread (which then waits out its linger).
 ScopedFd HoldingOnly(ScopedFd held) {
@@ -132,33 +145,67 @@ ScopedFd HoldingOnly(ScopedFd held) {
   return holder;
 }
 
-// caller.
-TEST(DescriptorCloserTest, StuckCloserFillsUpAndLeaksRatherThanBlocks) {
-  DescriptorCloser closer(/*max_queued=*/2);
-  // Its close blocks the closer's thread ~2 s.
-  LingeringSocket s = Lingering(2);
+// A close that blocks holds up only the thread of the uid who passed it:
+// that uid fills up to its limit and is refused (what it still passes is
+// left open, counted, never closed by the caller), while another uid's
+// descriptors are closed at once.
+TEST(DescriptorCloserTest, AStuckUidFillsUpItsOwnShareOnly) {
+  DescriptorCloser closer({/*max_per_uid=*/2, /*max_total=*/16});
+  // Its close blocks kUid's thread ~3 s.
+  LingeringSocket s = Lingering(3);
   ScopedFd holder = HoldingOnly(std::move(s.client));
-  ASSERT_TRUE(closer.Enqueue(&holder));
+  ASSERT_TRUE(closer.Enqueue(kUid, &holder));
   absl::SleepFor(absl::Milliseconds(100));
-  ScopedFd second(open("/dev/null", O_RDONLY | O_CLOEXEC));
-  ASSERT_TRUE(closer.Enqueue(&second));
-  ScopedFd third(open("/dev/null", O_RDONLY | O_CLOEXEC));
-  EXPECT_FALSE(closer.Enqueue(&third));
+  ScopedFd second = DevNull();
+  ASSERT_TRUE(closer.Enqueue(kUid, &second));
+  EXPECT_EQ(0u, closer.Headroom(kUid));
+  ScopedFd third = DevNull();
+  EXPECT_FALSE(closer.Enqueue(kUid, &third));
   EXPECT_GE(third.get(), 0);  // still the caller's
   const int leaked = third.get();
   const absl::Time start = absl::Now();
-  closer.Dispose(std::move(third));
+  closer.Dispose(kUid, std::move(third));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
   EXPECT_EQ(1u, closer.leaked());
   EXPECT_TRUE(IsOpen(leaked));
   close(leaked);
+  // Another uid: its own thread, its own share.
+  EXPECT_EQ(2u, closer.Headroom(kOtherUid));
+  ScopedFd theirs = DevNull();
+  const int theirs_number = theirs.get();
+  ASSERT_TRUE(closer.Enqueue(kOtherUid, &theirs));
+  ASSERT_TRUE(WaitFor([&] { return closer.pending(kOtherUid) == 0; }));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // kUid's still waits
+  EXPECT_EQ(2u, closer.pending(kUid));
+  EXPECT_FALSE(IsOpen(theirs_number));
+  EXPECT_TRUE(Drained(closer));
+  EXPECT_EQ(2u, closer.Headroom(kUid));
+}
+
+// All uids together stay within max_total.
+TEST(DescriptorCloserTest, AllUidsTogetherStayWithinTheTotal) {
+  DescriptorCloser closer({/*max_per_uid=*/2, /*max_total=*/3});
+  LingeringSocket a = Lingering(2), b = Lingering(2);
+  ScopedFd holder_a = HoldingOnly(std::move(a.client));
+  ScopedFd holder_b = HoldingOnly(std::move(b.client));
+  ASSERT_TRUE(closer.Enqueue(kUid, &holder_a));
+  ASSERT_TRUE(closer.Enqueue(kOtherUid, &holder_b));
+  absl::SleepFor(absl::Milliseconds(100));
+  ScopedFd one = DevNull();
+  ASSERT_TRUE(closer.Enqueue(kUid, &one));
+  EXPECT_EQ(0u, closer.Headroom(kOtherUid));
+  ScopedFd two = DevNull();
+  EXPECT_FALSE(closer.Enqueue(kOtherUid, &two));
+  EXPECT_EQ(3u, closer.pending());
   EXPECT_TRUE(Drained(closer));
 }
 
 // A connection whose unread records hold a lingering socket (behind an
-// empty record) is emptied first: closing it releases nothing here. After
-// the shutdown the peer cannot queue more.
-TEST(DescriptorCloserTest, ConnectionIsDrainedBeforeItIsClosed) {
+// empty record) is emptied on the uid's thread before it is closed: each
+// descriptor is reset as it comes, nothing is released in the caller, and
+// it counts in connections() until it is closed. After the shutdown the
+// peer cannot queue more.
+TEST(DescriptorCloserTest, ConnectionIsDrainedOnTheUidsThread) {
   DescriptorCloser closer;
   int pair[2];
   ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair));
@@ -171,9 +218,11 @@ TEST(DescriptorCloserTest, ConnectionIsDrainedBeforeItIsClosed) {
   ASSERT_TRUE(SendRecord(theirs.get(), "x", 1, s.client.get()));
   s.client = ScopedFd();  // the only reference is in flight
   const absl::Time start = absl::Now();
-  closer.CloseConnection(std::move(ours));
-  ASSERT_TRUE(Drained(closer));
+  closer.CloseConnection(kUid, std::move(ours));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  ASSERT_TRUE(WaitFor([&] { return closer.connections(kUid) == 0; }));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(0u, closer.pending());  // connections are not descriptors
   EXPECT_EQ(-1, send(theirs.get(), "y", 1, MSG_NOSIGNAL | MSG_DONTWAIT));
   EXPECT_EQ(EPIPE, errno);
   // The lingering socket was reset, not left to linger.
@@ -190,7 +239,7 @@ TEST(DescriptorCloserTest, DestructorGivesUpOnAStuckClose) {
   LingeringSocket s = Lingering(6);
   ScopedFd holder = HoldingOnly(std::move(s.client));
   auto closer = std::make_unique<DescriptorCloser>();
-  ASSERT_TRUE(closer->Enqueue(&holder));
+  ASSERT_TRUE(closer->Enqueue(kUid, &holder));
   const absl::Time start = absl::Now();
   closer.reset();
   const absl::Duration took = absl::Now() - start;

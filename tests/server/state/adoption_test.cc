@@ -3,9 +3,11 @@
 // pages of sessions that survive, proven cached keys) and zeroes the rest.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/pool/pool_registry.h"
 #include "server/state/keeper_protocol.h"
@@ -321,6 +324,54 @@ TEST_F(AdoptionTest, APublishCutBeforeItsKeysGivesThePagesBack) {
     }
   }
   EXPECT_OK(pool.cache().CheckConsistency());
+}
+
+// A pool deleted while another of the same name is created: the new pool's
+// descriptors stay with the keeper (the deletion lets go of the old pool's
+// before the new one can deposit its own under the same names). The
+// creation starts from the observer the deletion tells that the old pool
+// is gone, and is given time to deposit before the deletion goes on.
+TEST(PoolKeepingTest, APoolCreatedAsItsNamesakeIsDeletedStaysKept) {
+  KeeperProcess keeper_process;
+  ASSIGN_OR_FAIL(keeper, StateKeeper::Connect(keeper_process.path(), false,
+                                              absl::Seconds(60)));
+  MemoryBudget budget{0, 0, [] { return uint64_t{1} << 40; }};
+  PoolRegistry registry(&budget, "/hostkv-test-race.", 1);
+  registry.set_keeper(keeper.get());
+  const Principal root{PeerCredentials{}};  // uid 0
+  v1::PoolSpec first = Spec();
+  first.set_name("raced");
+  v1::PoolSpec second = first;
+  second.set_capacity_tokens(2 * first.capacity_tokens());
+  std::atomic<bool> armed{false};
+  std::thread creator;
+  std::atomic<bool> created{false};
+  registry.SetObserver([&](const std::string& pool, bool serving) {
+    if (pool != "raced" || serving || !armed.exchange(false)) return;
+    creator = std::thread([&] {
+      EXPECT_OK(registry.Create(second, false, v1::PoolOwner(), Principal{})
+                    .status());
+      created = true;
+    });
+    // Its deposits come before its own Notify, which waits for this one.
+    absl::SleepFor(absl::Milliseconds(300));
+  });
+  ASSERT_OK(
+      registry.Create(first, false, v1::PoolOwner(), Principal{}).status());
+  armed = true;
+  ASSERT_OK(registry.Delete("raced", root));
+  creator.join();
+  ASSERT_TRUE(created);
+  registry.SetObserver(nullptr);
+  ASSIGN_OR_FAIL(pool, registry.Get("raced"));
+  ASSIGN_OR_FAIL(items, keeper->Collect());
+  ASSERT_TRUE(items.contains(PoolSegmentKeepName("raced")));
+  ASSERT_TRUE(items.contains(PoolLedgerKeepName("raced")));
+  // And they are the new pool's.
+  struct stat kept {};
+  ASSERT_EQ(0, fstat(items[PoolSegmentKeepName("raced")].get(), &kept));
+  EXPECT_GE(static_cast<uint64_t>(kept.st_size),
+            pool->geometry().total_bytes());
 }
 
 }  // namespace
