@@ -300,6 +300,13 @@ class Engine:
             rank.linker.close()
 
 
+def referenced_pages(daemon, pool):
+    """Pages of `pool` some session holds a reference on (hostkvd's stats)."""
+    import hostkv  # pylint: disable=import-outside-toplevel
+    with hostkv.Client(daemon.target, "probe") as c:
+        return c.get_pool_stats(pool).pools[0].cache.referenced_pages
+
+
 def prompt(pages, page_size=4, first=100):
     return list(range(first, first + pages * page_size))
 

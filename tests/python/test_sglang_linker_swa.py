@@ -19,10 +19,7 @@ def standin():
         yield
 
 
-def _referenced(daemon, pool):
-    import hostkv  # pylint: disable=import-outside-toplevel
-    with hostkv.Client(daemon.target, "probe") as c:
-        return c.get_pool_stats(pool).pools[0].cache.referenced_pages
+_referenced = drv.referenced_pages
 
 
 def test_a_window_model_loads_kv_and_its_window_across_a_restart(standin):

@@ -15,7 +15,7 @@ import pytest
 import hostkv
 
 from conftest import Daemon
-from test_cache_access import NOBODY, nobody_env  # noqa: F401  (fixture)
+from test_cache_access import NOBODY, nobody_env  # noqa: F401,F811  (a fixture)
 
 PAGE = 4
 
