@@ -17,11 +17,9 @@ The other user is a child process under setpriv (needs root).
 import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +30,7 @@ import hostkv
 import prometheus_text
 from hostkv import _command_ring
 from conftest import Daemon
+from test_cache_access import nobody_env  # noqa: F401  (a fixture)
 
 OTHER_UID = 61005
 MiB = 1 << 20
@@ -117,21 +116,9 @@ print(json.dumps({"submissions": submissions}), flush=True)
 
 
 @pytest.fixture(scope="module")
-def other_env():
-    """The environment for the other user's client: the hostkv package and
-    its stubs copied where that user may read them."""
-    root = tempfile.mkdtemp(prefix="hostkv-pytest-round3-")
-    shutil.copytree(os.path.dirname(hostkv.__file__), os.path.join(root, "hostkv"))
-    env = dict(os.environ, PYTHONPATH=root)
-    if os.environ.get("HOSTKV_PROTO_DIR"):
-        env["HOSTKV_PROTO_DIR"] = os.path.join(root, "proto")
-        shutil.copytree(os.environ["HOSTKV_PROTO_DIR"], env["HOSTKV_PROTO_DIR"])
-    for base, dirs, files in os.walk(root):
-        os.chmod(base, 0o755)
-        for name in files:
-            os.chmod(os.path.join(base, name), 0o644)
-    yield env
-    shutil.rmtree(root, ignore_errors=True)
+def other_env(nobody_env):  # noqa: F811
+    """The environment for the other user's client (test_cache_access's)."""
+    return nobody_env
 
 
 def shared_daemon(*flags):
