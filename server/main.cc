@@ -43,6 +43,7 @@
 #include "server/operations/flag_sources.h"
 #include "server/transfer/gpu_backend.h"
 #include "server/service/auth_token.h"
+#include "server/service/grpc_listener.h"
 #include "server/service/grpc_service.h"
 #include "server/service/health_service.h"
 #include "server/operations/tier_report.h"
@@ -126,6 +127,7 @@ struct Daemon {
   std::unique_ptr<HealthService> health;
   std::unique_ptr<ReflectionService> reflection;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<GrpcListener> listener;  // hands connections to `server`
   std::unique_ptr<SessionMonitor> monitor;
   std::shared_ptr<StateCollector> collector;
   std::shared_ptr<TierCollector> tier_collector;
@@ -311,8 +313,11 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
                         v1::HostKV::service_full_name(),
                         grpc::health::v1::Health::service_full_name(),
                         grpc::reflection::v1alpha::ServerReflection::service_full_name()});
+  // The daemon owns its listening socket (GrpcListener: it recovers from
+  // running out of descriptors, and bounds each uid's connections).
+  ASSIGN_OR_RETURN(d.listener,
+                   GrpcListener::Listen(o.listen, o.max_grpc_connections_per_uid));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials());
   const int max_message = static_cast<int>(
       std::min<uint64_t>(o.limits.max_page_io_bytes + (1 << 20), INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
@@ -327,9 +332,9 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   builder.RegisterService(d.reflection.get());
   d.server = builder.BuildAndStart();
   if (d.server == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot listen on ", o.listen, " (address in use or not permitted?)"));
+    return absl::InternalError("gRPC server did not start");
   }
+  d.listener->Serve(d.server.get());
   if (!o.socket_path.empty()) {
     RETURN_IF_ERROR(SecureSocketPath(o.socket_path, o.socket_mode, o.socket_gid));
   } else if (o.auth_token.empty()) {
@@ -397,8 +402,8 @@ absl::Status TakeOver(const DaemonOptions& o, Daemon& d,
                       absl::StatusOr<InstanceLock>* lock) {
   ASSIGN_OR_RETURN(const pid_t old, ServingDaemonPid(o.socket_path));
   DaemonOptions next = o;
-  // A path of this daemon's own: gRPC removes the path it bound when it
-  // shuts down, and this daemon may itself be taken over later, by a
+  // A path of this daemon's own: the listener removes the path it bound
+  // when it stops, and this daemon may itself be taken over later, by a
   // daemon that then listens beside it.
   next.socket_path = UnguessablePath(o.socket_path);
   next.listen = "unix:" + next.socket_path;
@@ -481,6 +486,7 @@ void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
   d.monitor.reset();  // no session ends while the daemon drains
   d.handler->BeginShutdown();
   d.transfers->Drain();
+  d.listener->Stop();  // no new connections
   d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   d.server->Wait();
   if (d.tier != nullptr) {

@@ -121,6 +121,9 @@ ABSL_FLAG(int, max_session_connections, 8192,
           "connections to the session socket, all users together");
 ABSL_FLAG(int, max_session_connections_per_uid, 512,
           "connections to the session socket per uid");
+ABSL_FLAG(int, max_grpc_connections_per_uid, 256,
+          "gRPC connections one uid may hold on the unix: socket (one more "
+          "is closed at once); 0: no bound");
 ABSL_FLAG(int, max_command_rings, 256,
           "command rings (an engine's hot calls through shared memory, one "
           "thread each) of all sessions together; 0: none, every call over "
@@ -285,6 +288,7 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "max_unattached_sessions",
                                              "max_session_connections",
                                              "max_session_connections_per_uid",
+                                             "max_grpc_connections_per_uid",
                                              "attach_timeout",
                                              "max_command_rings",
                                              "command_ring_spin",
@@ -437,6 +441,10 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
       o.connections.max_connections_per_uid,
       CountFlag("max_session_connections_per_uid",
                 absl::GetFlag(FLAGS_max_session_connections_per_uid)));
+  ASSIGN_OR_RETURN(
+      o.max_grpc_connections_per_uid,
+      CountFlag("max_grpc_connections_per_uid",
+                absl::GetFlag(FLAGS_max_grpc_connections_per_uid), 0));
   ASSIGN_OR_RETURN(o.connections.max_command_rings,
                    CountFlag("max_command_rings",
                              absl::GetFlag(FLAGS_max_command_rings), 0));

@@ -53,6 +53,8 @@ struct DaemonOptions {
   GpuBackendOptions gpu;
   SessionLimits sessions;
   ConnectionLimits connections;
+  // --max_grpc_connections_per_uid (GrpcListener); 0: no bound.
+  uint32_t max_grpc_connections_per_uid = 256;
   PoolQuota quota;
   CacheOptions cache;  // page cache: namespace sharing, per-uid limits
   TierConfig tier;     // --tier, --tier_*: the storage tier under it
