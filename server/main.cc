@@ -37,6 +37,7 @@
 #include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
 #include "server/operations/byte_size.h"
+#include "server/operations/claim_sweeper.h"
 #include "server/operations/daemon_metrics.h"
 #include "server/operations/metrics_endpoint.h"
 #include "server/operations/daemon_options.h"
@@ -129,6 +130,7 @@ struct Daemon {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<GrpcListener> listener;  // hands connections to `server`
   std::unique_ptr<SessionMonitor> monitor;
+  std::unique_ptr<ClaimSweeper> claim_sweeper;  // null: --namespace_release_after=0
   std::shared_ptr<StateCollector> collector;
   std::shared_ptr<TierCollector> tier_collector;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
@@ -483,6 +485,7 @@ void WaitAndDrain(const DaemonOptions& o, Daemon& d) {
     std::_Exit(1);
   }).detach();
   d.health->Shutdown();  // everything NOT_SERVING
+  d.claim_sweeper.reset();  // claims stay as the next daemon adopts them
   d.monitor.reset();  // no session ends while the daemon drains
   d.handler->BeginShutdown();
   d.transfers->Drain();
@@ -570,6 +573,10 @@ int Run() {
     NoteSockets(o, d);
   }
   if (absl::Status s = StartMetrics(o, d); !s.ok()) return Fail(1, s);
+  if (o.namespace_release_after > absl::ZeroDuration()) {
+    d.claim_sweeper = std::make_unique<ClaimSweeper>(
+        d.pools.get(), d.sessions.get(), o.namespace_release_after);
+  }
   PublishHealth(d);
   spdlog::info("hostkvd {} listening on {} (backend {}, {} copy threads, "
                "budget {}, reserve {})",

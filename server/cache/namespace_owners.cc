@@ -91,7 +91,8 @@ absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(name_space);
   if (it != owners_.end()) {
-    return CheckUseLocked(pool, name_space, it->second, who);
+    it->second.last_use = ++uses_;
+    return CheckUseLocked(pool, name_space, it->second.owner, who);
   }
   RETURN_IF_ERROR(CheckReservedName(absl::StrCat("cache namespace of pool '", pool, "'"),
                                     name_space, who));
@@ -105,7 +106,7 @@ absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
         "' gets no new one"));
   }
   ++claimed;
-  owners_.emplace(std::string(name_space), owner);
+  owners_.emplace(std::string(name_space), Claim{owner, ++uses_, 0});
   if (recorder_) recorder_(std::string(name_space), owner);
   return absl::OkStatus();
 }
@@ -113,7 +114,7 @@ absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
 bool NamespaceOwners::Adopt(const std::string& name_space,
                             const NamespaceOwner& owner) {
   absl::MutexLock lock(&mu_);
-  if (!owners_.emplace(name_space, owner).second) return false;
+  if (!owners_.emplace(name_space, Claim{owner, ++uses_, 0}).second) return false;
   ++claimed_[OwnerKey(owner)];
   if (recorder_) recorder_(name_space, owner);
   return true;
@@ -125,7 +126,8 @@ absl::Status NamespaceOwners::CheckUse(const std::string& pool,
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(name_space);
   if (it == owners_.end()) return absl::OkStatus();
-  return CheckUseLocked(pool, name_space, it->second, who);
+  it->second.last_use = ++uses_;
+  return CheckUseLocked(pool, name_space, it->second.owner, who);
 }
 
 std::optional<NamespaceOwner> NamespaceOwners::OwnerOf(
@@ -133,7 +135,7 @@ std::optional<NamespaceOwner> NamespaceOwners::OwnerOf(
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(name_space);
   if (it == owners_.end()) return std::nullopt;
-  return it->second;
+  return it->second.owner;
 }
 
 std::string NamespaceOwners::ScopeOf(const NamespaceOwner& owner) const {
@@ -153,6 +155,51 @@ std::optional<std::string> NamespaceOwners::TierScopeOf(
   std::optional<NamespaceOwner> owner = OwnerOf(name_space);
   if (!owner.has_value()) return std::nullopt;
   return ScopeOf(*owner);
+}
+
+std::vector<std::string> NamespaceOwners::ReleaseUnused(const InUse& in_use) {
+  struct Candidate {
+    std::string name;
+    NamespaceOwner owner;
+    uint64_t last_use;
+  };
+  std::vector<Candidate> claims;
+  {
+    absl::MutexLock lock(&mu_);
+    claims.reserve(owners_.size());
+    for (const auto& [name, claim] : owners_) {
+      claims.push_back(Candidate{name, claim.owner, claim.last_use});
+    }
+  }
+  // Asked without the lock: in_use takes the pools' and sessions' locks.
+  std::vector<bool> used(claims.size());
+  for (size_t i = 0; i < claims.size(); ++i) {
+    used[i] = in_use(claims[i].name, claims[i].owner);
+  }
+  std::vector<std::string> released;
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < claims.size(); ++i) {
+    const Candidate& c = claims[i];
+    auto it = owners_.find(c.name);
+    if (it == owners_.end()) continue;
+    Claim& claim = it->second;
+    if (used[i] || claim.last_use != c.last_use) {  // in use, or used meanwhile
+      claim.unused_at = 0;
+      continue;
+    }
+    if (claim.unused_at != claim.last_use + 1) {
+      // First seen unused (with nothing since its last use): given back at
+      // the next sweep if it stays so.
+      claim.unused_at = claim.last_use + 1;
+      continue;
+    }
+    auto count = claimed_.find(OwnerKey(claim.owner));
+    if (count != claimed_.end() && --count->second == 0) claimed_.erase(count);
+    if (releaser_) releaser_(c.name, claim.owner);
+    owners_.erase(it);
+    released.push_back(c.name);
+  }
+  return released;
 }
 
 size_t NamespaceOwners::size() const {

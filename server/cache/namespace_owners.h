@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -86,6 +87,23 @@ class NamespaceOwners {
   using ClaimRecorder =
       std::function<void(const std::string& name_space, const NamespaceOwner&)>;
   void set_recorder(ClaimRecorder recorder) { recorder_ = std::move(recorder); }
+  // Called, with the lock held, for every claim given back (to erase it
+  // from the daemon ledger).
+  void set_releaser(ClaimRecorder releaser) { releaser_ = std::move(releaser); }
+
+  // Gives back the claims nobody uses any more, so that their owners'
+  // limits and the daemon ledger's slots are not taken for ever:
+  // `in_use(name, owner)` says whether pages are cached in the namespace
+  // (any pool) or its owner still has a session open. A claim is given
+  // back when it is found unused at two calls in a row (the sweep's
+  // period apart) with no publish or lookup in it since: a publish that
+  // passed its check meanwhile has a session, or its pages are cached.
+  // Its tier values stay under its owner's scope (tier_keys.h), so a next
+  // owner of the name never reads them. Returns the names given back.
+  using InUse =
+      std::function<bool(const std::string& name_space, const NamespaceOwner&)>;
+  std::vector<std::string> ReleaseUnused(const InUse& in_use)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Takes a claim a previous daemon made (its ledger), as if made here;
   // false if the namespace is owned already. Counts toward the owner's
   // limit, which it may exceed.
@@ -103,9 +121,17 @@ class NamespaceOwners {
 
   const CacheSharing sharing_;
   const uint32_t max_per_uid_;
+  struct Claim {
+    NamespaceOwner owner;
+    uint64_t last_use = 0;   // uses_ at its last claim, publish or lookup
+    uint64_t unused_at = 0;  // last_use + 1 once a sweep found it unused
+  };
   ClaimRecorder recorder_;
+  ClaimRecorder releaser_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, NamespaceOwner> owners_ ABSL_GUARDED_BY(mu_);
+  // Mutable: a lookup's check (const) notes the use.
+  mutable absl::flat_hash_map<std::string, Claim> owners_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
   // Namespaces claimed per owner (OwnerKey).
   absl::flat_hash_map<uint64_t, uint32_t> claimed_ ABSL_GUARDED_BY(mu_);
 };

@@ -160,6 +160,11 @@ ABSL_FLAG(std::string, cache_share, "owner",
           "who may publish and look up in a page-cache namespace besides the "
           "uid that first published in it (and root): owner (nobody), "
           "group:NAME (members of that group) or any");
+ABSL_FLAG(absl::Duration, namespace_release_after, absl::Seconds(60),
+          "a cache namespace in which no pool caches a page and whose owner "
+          "has no session open is given back (its owner's share and its "
+          "ledger slot freed, the name free to claim) within one to two "
+          "times this after its last use; 0: never");
 ABSL_FLAG(int, max_cache_namespaces_per_uid, 256,
           "page-cache namespaces one uid may claim (in all pools together: a "
           "namespace is its first publisher's in every pool)");
@@ -302,6 +307,7 @@ const std::vector<std::string> kFlagNames = {"listen",
                                              "shm_group",
                                              "cache_share",
                                              "max_cache_namespaces_per_uid",
+                                             "namespace_release_after",
                                              "max_cache_refs_per_session",
                                              "max_cache_refs_per_uid",
                                              "cache_publish_wait",
@@ -445,6 +451,10 @@ absl::Status ReadTenantLimits(DaemonOptions& o) {
       o.max_grpc_connections_per_uid,
       CountFlag("max_grpc_connections_per_uid",
                 absl::GetFlag(FLAGS_max_grpc_connections_per_uid), 0));
+  o.namespace_release_after = absl::GetFlag(FLAGS_namespace_release_after);
+  if (o.namespace_release_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--namespace_release_after must not be negative");
+  }
   ASSIGN_OR_RETURN(o.connections.max_command_rings,
                    CountFlag("max_command_rings",
                              absl::GetFlag(FLAGS_max_command_rings), 0));

@@ -55,6 +55,8 @@ struct DaemonOptions {
   ConnectionLimits connections;
   // --max_grpc_connections_per_uid (GrpcListener); 0: no bound.
   uint32_t max_grpc_connections_per_uid = 256;
+  // --namespace_release_after (ClaimSweeper's period); 0: never.
+  absl::Duration namespace_release_after = absl::Seconds(60);
   PoolQuota quota;
   CacheOptions cache;  // page cache: namespace sharing, per-uid limits
   TierConfig tier;     // --tier, --tier_*: the storage tier under it

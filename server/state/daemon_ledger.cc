@@ -246,15 +246,26 @@ bool DaemonLedger::RecordNamespace(const NamespaceRecord& record) {
   }
   const uint64_t salt = reinterpret_cast<const Header*>(segment_.data())->salt;
   absl::MutexLock lock(&mu_);
-  if (namespaces_used_ >= namespace_slots_) {
+  uint32_t s;
+  if (auto it = namespace_slot_of_.find(record.name);
+      it != namespace_slot_of_.end()) {
+    s = it->second;
+  } else if (!free_namespace_slots_.empty()) {
+    s = free_namespace_slots_.back();
+    free_namespace_slots_.pop_back();
+  } else if (namespaces_used_ < namespace_slots_) {
+    s = namespaces_used_++;
+  } else {
     spdlog::warn("daemon ledger: all {} namespace slots are taken; the owner "
                  "of namespace '{}' (and its cached keys) will not survive a "
                  "restart",
                  namespace_slots_, record.name);
     return false;
   }
-  const uint32_t s = namespaces_used_++;
+  namespace_slot_of_[record.name] = s;
   NamespaceSlot& slot = Namespaces()[s];
+  slot.checksum.store(0, std::memory_order_relaxed);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   slot.unverified = record.owner.unverified ? 1 : 0;
   slot.size = static_cast<uint8_t>(record.name.size());
   std::memset(slot.reserved, 0, sizeof(slot.reserved));
@@ -265,6 +276,20 @@ bool DaemonLedger::RecordNamespace(const NamespaceRecord& record) {
   std::atomic_signal_fence(std::memory_order_seq_cst);
   slot.checksum.store(sum, std::memory_order_release);
   return true;
+}
+
+void DaemonLedger::EraseNamespace(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = namespace_slot_of_.find(name);
+  if (it == namespace_slot_of_.end()) return;
+  Namespaces()[it->second].checksum.store(0, std::memory_order_release);
+  free_namespace_slots_.push_back(it->second);
+  namespace_slot_of_.erase(it);
+}
+
+uint32_t DaemonLedger::namespaces_recorded() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(namespace_slot_of_.size());
 }
 
 }  // namespace hostkv

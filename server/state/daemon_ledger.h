@@ -63,8 +63,12 @@ class DaemonLedger {
   // survive a restart).
   bool RecordSession(const SessionRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
   void EraseSession(OwnerTag tag) ABSL_LOCKS_EXCLUDED(mu_);
-  // Appends a namespace's owner (claims are never given back).
+  // Writes a namespace's owner; false, with a warning, when every slot is
+  // taken.
   bool RecordNamespace(const NamespaceRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the slot of a claim given back (NamespaceOwners::ReleaseUnused).
+  void EraseNamespace(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t namespaces_recorded() const ABSL_LOCKS_EXCLUDED(mu_);
 
   static uint64_t Layout();
 
@@ -86,7 +90,9 @@ class DaemonLedger {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<OwnerTag, uint32_t> slot_of_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
-  uint32_t namespaces_used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t namespaces_used_ ABSL_GUARDED_BY(mu_) = 0;  // slots ever written
+  absl::flat_hash_map<std::string, uint32_t> namespace_slot_of_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_namespace_slots_ ABSL_GUARDED_BY(mu_);
   bool warned_ ABSL_GUARDED_BY(mu_) = false;
 };
 

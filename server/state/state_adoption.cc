@@ -56,6 +56,10 @@ absl::StatusOr<AdoptedState> AdoptState(StateKeeper& keeper,
       [ledger](const std::string& name, const NamespaceOwner& owner) {
         ledger->RecordNamespace(NamespaceRecord{name, owner});
       });
+  pools.namespaces().set_releaser(
+      [ledger](const std::string& name, const NamespaceOwner&) {
+        ledger->EraseNamespace(name);
+      });
   for (const NamespaceRecord& r : previous.namespaces) {
     pools.namespaces().Adopt(r.name, r.owner);
   }

@@ -188,6 +188,31 @@ TEST(DaemonLedgerTest, SlotsRunOutWithoutHarm) {
   EXPECT_EQ(ledger->Read().sessions.size(), 2u);
 }
 
+TEST(DaemonLedgerTest, AGivenBackNamespaceFreesItsSlot) {
+  ASSIGN_OR_FAIL(ledger, DaemonLedger::Create(1, 2, 0));
+  EXPECT_TRUE(ledger->RecordNamespace({"one", NamespaceOwner{false, 1001}}));
+  EXPECT_TRUE(ledger->RecordNamespace({"two", NamespaceOwner{false, 1002}}));
+  EXPECT_FALSE(ledger->RecordNamespace({"three", NamespaceOwner{false, 1003}}));
+  ledger->EraseNamespace("one");
+  ledger->EraseNamespace("never-recorded");  // nothing happens
+  EXPECT_EQ(ledger->namespaces_recorded(), 1u);
+  // The slot is reused, and the next owner of a name rewrites its record.
+  EXPECT_TRUE(ledger->RecordNamespace({"three", NamespaceOwner{false, 1003}}));
+  ledger->EraseNamespace("two");
+  EXPECT_TRUE(ledger->RecordNamespace({"two", NamespaceOwner{true, 0}}));
+  const DaemonLedger::Contents contents = ledger->Read();
+  ASSERT_EQ(contents.namespaces.size(), 2u);
+  EXPECT_EQ(contents.unproven, 0u);
+  for (const NamespaceRecord& r : contents.namespaces) {
+    if (r.name == "three") {
+      EXPECT_EQ(r.owner.uid, 1003u);
+    } else {
+      EXPECT_EQ(r.name, "two");
+      EXPECT_TRUE(r.owner.unverified);
+    }
+  }
+}
+
 TEST(DaemonLedgerTest, ATornSlotIsLeftOut) {
   ASSIGN_OR_FAIL(ledger, DaemonLedger::Create(4, 4, 0));
   ledger->RecordSession(Record(1, 'a'));
