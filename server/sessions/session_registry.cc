@@ -50,6 +50,35 @@ absl::Status SessionRegistry::CheckIdFormat(const SessionId& id) const {
   return absl::OkStatus();
 }
 
+absl::Status SessionRegistry::CountOpening(
+    const std::optional<PeerCredentials>& peer) {
+  const size_t open = sessions_.size() + opening_;
+  if (open >= limits_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        open, " sessions are open, the most --max_sessions allows"));
+  }
+  if (peer.has_value()) {
+    uint32_t& count = attached_per_uid_[peer->uid];
+    if (count >= limits_.max_sessions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", peer->uid, " has ", count,
+          " sessions open, the most --max_sessions_per_uid allows"));
+    }
+    ++count;
+  } else {
+    if (unattached_ >= limits_.max_unattached_sessions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          unattached_,
+          " sessions without a session socket are open, the "
+          "most --max_unattached_sessions allows (clients on the daemon's "
+          "Unix socket open theirs over the session socket instead)"));
+    }
+    ++unattached_;
+  }
+  ++opening_;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     const std::string& client_name, uint32_t pid,
     std::optional<PeerCredentials> peer) {
@@ -63,30 +92,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
   OwnerTag tag;
   {
     absl::MutexLock lock(&mu_);
-    const size_t open = sessions_.size() + opening_;
-    if (open >= limits_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          open, " sessions are open, the most --max_sessions allows"));
-    }
-    if (peer.has_value()) {
-      uint32_t& count = attached_per_uid_[peer->uid];
-      if (count >= limits_.max_sessions_per_uid) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "uid ", peer->uid, " has ", count,
-            " sessions open, the most --max_sessions_per_uid allows"));
-      }
-      ++count;
-    } else {
-      if (unattached_ >= limits_.max_unattached_sessions) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            unattached_,
-            " sessions without a session socket are open, the "
-            "most --max_unattached_sessions allows (clients on the daemon's "
-            "Unix socket open theirs over the session socket instead)"));
-      }
-      ++unattached_;
-    }
-    ++opening_;
+    RETURN_IF_ERROR(CountOpening(peer));
     while (sessions_.contains(id)) id = NewSessionId();
     do {  // wraps after 2^32 sessions, skipping the reserved tags
       ++next_tag_;

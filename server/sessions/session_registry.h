@@ -136,6 +136,11 @@ class SessionRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the count Open or Attach took for `session`.
   void Uncount(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The limits a session being opened or resumed meets (--max_sessions, and
+  // --max_sessions_per_uid or --max_unattached_sessions); counts it as
+  // opening (and toward its uid) when they allow it.
+  absl::Status CountOpening(const std::optional<PeerCredentials>& peer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string segment_prefix_;
   const uint32_t signal_records_;

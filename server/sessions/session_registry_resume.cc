@@ -86,31 +86,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Resume(
           peer.has_value() ? absl::StrCat(", not uid ", peer->uid)
                            : std::string(": resume it over the session socket")));
     }
-    const size_t open = sessions_.size() + opening_;
-    if (open >= limits_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          open, " sessions are open, the most --max_sessions allows"));
-    }
     // The limits a new session meets: a resume is one more open session of
     // its uid (or one more without a session socket).
-    if (peer.has_value()) {
-      uint32_t& count = attached_per_uid_[peer->uid];
-      if (count >= limits_.max_sessions_per_uid) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "uid ", peer->uid, " has ", count,
-            " sessions open, the most --max_sessions_per_uid allows"));
-      }
-      ++count;
-    } else {
-      if (unattached_ >= limits_.max_unattached_sessions) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat(unattached_,
-                         " sessions without a session socket are open, the "
-                         "most --max_unattached_sessions allows"));
-      }
-      ++unattached_;
-    }
-    ++opening_;
+    RETURN_IF_ERROR(CountOpening(peer));
     adopted_.erase(it);
     adopted_tags_.erase(record.tag);
   }
