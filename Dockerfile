@@ -43,9 +43,12 @@ COPY kernels/ kernels/
 COPY server/ server/
 COPY client/ client/
 COPY deploy/ deploy/
-RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
+# The commit `hostkvd --version` names (.git stays out of the context):
+#   docker build --build-arg HOSTKV_COMMIT=$(git describe --always --dirty) .
+ARG HOSTKV_COMMIT=unknown
+RUN HOSTKV_COMMIT="${HOSTKV_COMMIT}" cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
       -DHOSTKV_BUILD_TESTS=OFF -DHOSTKV_ENABLE_CUDA=OFF \
- && cmake --build /build -j"$(nproc)" --target hostkvd hostkv \
+ && HOSTKV_COMMIT="${HOSTKV_COMMIT}" cmake --build /build -j"$(nproc)" --target hostkvd hostkv \
  && strip /build/server/hostkvd /build/client/hostkv
 
 # ---------------------------------------------------------------------------

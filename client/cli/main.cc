@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "proto/contract/build_info.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -134,6 +135,7 @@ void ConfigureHelp() {
     return absl::StrContains(file, "client/cli/");
   };
   config.contains_help_flags = config.contains_helpshort_flags;
+  config.version_string = [] { return hostkv::BuildInfo("hostkv") + "\n"; };
   absl::SetFlagsUsageConfig(config);
 }
 

@@ -29,6 +29,25 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(
   return std::unique_ptr<GpuBackend>(std::move(backend));
 }
 
+std::string DescribeGpuSupport() {
+  int runtime = 0;
+  int driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  auto version = [](int v) { return absl::StrCat(v / 1000, ".", (v % 1000) / 10); };
+  const std::string built =
+      absl::StrCat("backends: cpu, cuda (CUDA runtime ", version(runtime), ")");
+  if (driver == 0) {
+    return absl::StrCat(built, "; no CUDA driver here: serves the CPU backend");
+  }
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) cudaGetLastError();
+  return absl::StrCat(built, "; driver ", version(driver), ", ",
+                      error == cudaSuccess ? absl::StrCat(count, " device(s)")
+                                           : std::string(cudaGetErrorString(error)));
+}
+
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const GpuBackendOptions& options) {
   // The first CUDA call: counting devices also finds out whether there is a

@@ -19,7 +19,9 @@
 #include "absl/time/time.h"
 #include "google/protobuf/text_format.h"
 #include "hostkv/v1/hostkv.pb.h"
+#include "proto/contract/build_info.h"
 #include "proto/contract/status_macros.h"
+#include "server/transfer/gpu_backend.h"
 
 namespace hostkv {
 namespace {
@@ -134,6 +136,9 @@ void ConfigureFlagHelp() {
       if (at != absl::string_view::npos) return std::string(file.substr(at));
     }
     return std::string(file);
+  };
+  config.version_string = [] {
+    return absl::StrCat(BuildInfo("hostkvd"), "\n", DescribeGpuSupport(), "\n");
   };
   absl::SetFlagsUsageConfig(config);
 }

@@ -157,6 +157,10 @@ class GpuBackend {
 absl::StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(
     const GpuBackendOptions& options);
 
+// For --version: whether this build has the CUDA backend, and with which
+// runtime, driver and devices it would run here.
+std::string DescribeGpuSupport();
+
 }  // namespace hostkv
 
 #endif  // HOSTKV_SERVER_TRANSFER_GPU_BACKEND_H_

@@ -11,4 +11,8 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(
       "-DHOSTKV_ENABLE_CUDA=OFF)");
 }
 
+std::string DescribeGpuSupport() {
+  return "backends: cpu (built without CUDA)";
+}
+
 }  // namespace hostkv

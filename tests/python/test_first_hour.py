@@ -2,6 +2,7 @@
 hostkv CLI's commands and defaults, and what hostkvd says about a mistake
 in its flags, its environment, its config file or its socket."""
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -290,3 +291,21 @@ def _start_as_other_user_after_root(tmp):
          f"--listen=unix:{run_dir}/hostkvd.sock", "--keep_state=false"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30,
         env={k: v for k, v in os.environ.items() if not k.startswith("HOSTKVD_")})
+
+
+@pytest.mark.parametrize("program", ["hostkvd", "hostkv"])
+def test_version_names_the_release_commit_and_build(program):
+    binary = hostkvd_binary() if program == "hostkvd" else cli_binary()
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert re.fullmatch(program + r" \d+\.\d+\.\d+ \(commit ([0-9a-f]{7,}(-dirty)?|unknown|\S+), "
+                        r"(Release|RelWithDebInfo|Debug|MinSizeRel|unspecified) build\)",
+                        lines[0]), out.stdout
+    assert "NDEBUG" not in out.stdout
+    if program == "hostkvd":
+        # The backends this build has; on a machine without a driver the
+        # CUDA build says it serves the CPU backend.
+        assert re.fullmatch(r"backends: cpu( \(built without CUDA\)|, cuda \(CUDA runtime "
+                            r"\d+\.\d+\)(; no CUDA driver here: serves the CPU backend"
+                            r"|; driver \d+\.\d+, .*))", lines[1]), out.stdout
