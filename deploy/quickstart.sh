@@ -33,7 +33,26 @@ if $SUDO "${CLI[@]}" health >/dev/null 2>&1; then
 fi
 $SUDO ./build/server/hostkvd --listen="$TARGET" --memory_reserve=1GiB &
 DAEMON=$!
-trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON' EXIT INT TERM
+# Stops the daemon (it drains and exits 0) and returns its exit status.
+# (Started in the background by a script, hostkvd ignores the terminal's
+# Ctrl-C itself: the script passes it on as SIGTERM, once.)
+stop_daemon() {
+  trap - EXIT INT TERM
+  $SUDO kill -TERM "$DAEMON" 2>/dev/null || true
+  local status=0
+  wait "$DAEMON" || status=$?
+  return $status
+}
+# Ctrl-C: the quickstart ends as the daemon does (0 for a clean stop).
+trap 'echo; stop_daemon; status=$?; keeper_note; exit $status' INT TERM
+# Any other end (a failed step): the daemon does not outlive the script.
+trap 'stop_daemon || true' EXIT
+keeper_note() {
+  echo "quickstart: hostkvd stopped. Its state keeper (hostkvd --state_keeper," \
+       "see its last log line) holds the pools and cached pages for 10 minutes," \
+       "so that running ./deploy/quickstart.sh again starts warm; it exits by" \
+       "itself then."
+}
 for _ in $(seq 100); do
   if ! ps -p "$DAEMON" >/dev/null; then
     trap - EXIT INT TERM
@@ -57,9 +76,13 @@ build/venv/bin/python client/python/examples/two_node_demo.py --hostkvd build/se
 echo; echo "== hostkv stats =="
 $SUDO "${CLI[@]}" stats
 echo
-echo "hostkvd is serving $TARGET (Ctrl-C stops it). In another terminal, try:"
+echo "hostkvd is serving $TARGET (Ctrl-C stops it; its state keeper then holds"
+echo "the pools for 10 minutes, for a warm restart). In another terminal, try:"
 echo "  ./build/client/hostkv pools"
 echo "  grpcurl -plaintext -emit-defaults -unix $SOCKET hostkv.v1.HostKV/GetPoolStats"
 [ "$TARGET" = unix:/run/hostkv/hostkvd.sock ] ||
   echo "  (first: export HOSTKV_TARGET=$TARGET)"
-wait $DAEMON
+status=0
+wait "$DAEMON" || status=$?
+trap - EXIT INT TERM
+exit $status

@@ -588,6 +588,15 @@ int Run() {
   d.pools->SetObserver(nullptr);  // the health service goes first
   if (d.tier != nullptr) d.tier->health().SetObserver(nullptr);
   spdlog::info("hostkvd stopped");
+  if (d.keeper != nullptr) {
+    spdlog::info("its state keeper (pid {}, {}{}) keeps the pools, cached pages "
+                 "and sessions for {} more: a hostkvd started on {} by then "
+                 "adopts them warm; `kill {}` (or starting hostkvd with "
+                 "--discard_state) lets them go now",
+                 d.keeper->pid(), o.socket_path, kStateSocketSuffix,
+                 absl::FormatDuration(o.state_keep_for), o.socket_path,
+                 d.keeper->pid());
+  }
   return 0;
 }
 

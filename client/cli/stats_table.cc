@@ -1,5 +1,7 @@
 #include "stats_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -48,14 +50,19 @@ void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
           : absl::StrCat("; metadata ", Bytes(p.cache_reserved_bytes()),
                          " reserved"));
   if (p.cache_namespaces_size() == 0) return;
+  // As wide as the longest name (SGLang's and vLLM's run past 40 bytes).
+  int width = 32;
+  for (const v1::CacheNamespaceStats& ns : p.cache_namespaces()) {
+    width = std::max(width, static_cast<int>(NamespaceText(ns.name()).size()));
+  }
   absl::StrAppendFormat(out,
-                        "    %-32s %-12s %8s %8s %8s %10s %10s %10s %8s %9s\n",
-                        "NAMESPACE", "OWNER", "CACHED", "REFD", "EVICTABLE",
+                        "    %-*s %-12s %8s %8s %8s %10s %10s %10s %8s %9s\n",
+                        width, "NAMESPACE", "OWNER", "CACHED", "REFD", "EVICTABLE",
                         "HITS", "MISSES", "EVICTIONS", "ALREADY", "CONFLICTS");
   for (const v1::CacheNamespaceStats& ns : p.cache_namespaces()) {
     const v1::CacheCounters& n = ns.counters();
     absl::StrAppendFormat(
-        out, "    %-32s %-12s %8d %8d %8d %10d %10d %10d %8d %9d\n",
+        out, "    %-*s %-12s %8d %8d %8d %10d %10d %10d %8d %9d\n", width,
         NamespaceText(ns.name()), CacheOwnerText(ns), n.cached_pages(),
         n.referenced_pages(), n.evictable_pages(), n.hits(), n.misses(),
         n.evictions(), n.already_cached(), n.conflicts());
@@ -96,15 +103,19 @@ void AppendTierStats(const v1::TierStats& t, std::string* out) {
 }  // namespace
 
 std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
+  int width = 16;  // as wide as the longest pool name
+  for (const v1::PoolStats& p : stats.pools()) {
+    width = std::max(width, static_cast<int>(p.name().size()));
+  }
   std::string out = absl::StrFormat(
-      "%-16s %-18s %5s %12s %12s %7s %12s %8s %8s\n", "POOL", "LAYOUT", "PAGE",
+      "%-*s %-18s %5s %12s %12s %7s %12s %8s %8s\n", width, "POOL", "LAYOUT", "PAGE",
       "USED PAGES", "FREE PAGES", "USED%", "CAPACITY", "LOADS", "BACKUPS");
   for (const v1::PoolStats& p : stats.pools()) {
     const double pct = p.capacity_pages() == 0
                            ? 0.0
                            : 100.0 * p.used_pages() / p.capacity_pages();
     absl::StrAppendFormat(
-        &out, "%-16s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n", p.name(),
+        &out, "%-*s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n", width, p.name(),
         LayoutName(p.layout()), p.page_size(), p.used_pages(), p.free_pages(),
         pct, Bytes(p.capacity_bytes()), p.loads(), p.backups());
     switch (p.pin_state()) {  // CUDA backend only
@@ -201,12 +212,16 @@ static const char* AttentionName(const v1::Geometry& geometry) {
 }
 
 std::string FormatPools(const std::vector<v1::Pool>& pools) {
+  int width = 24;  // as wide as the longest pool name
+  for (const v1::Pool& p : pools) {
+    width = std::max(width, static_cast<int>(p.spec().name().size()));
+  }
   std::string out = absl::StrFormat(
-      "%-24s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n", "POOL", "ATTN",
+      "%-*s %-4s %-18s %5s %10s %10s %12s  %-22s %s\n", width, "POOL", "ATTN",
       "LAYOUT", "PAGE", "TOKENS", "PAGES", "BYTES", "OWNER", "SEGMENT");
   for (const v1::Pool& p : pools) {
     absl::StrAppendFormat(
-        &out, "%-24s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n",
+        &out, "%-*s %-4s %-18s %5d %10d %10d %12s  %-22s %s\n", width,
         p.spec().name(), AttentionName(p.spec().geometry()),
         LayoutName(p.spec().layout()), p.spec().page_size(), p.token_slots(),
         p.num_pages(), Bytes(p.total_bytes()), OwnerText(p.owner()),

@@ -132,7 +132,10 @@ absl::StatusOr<std::unique_ptr<StateKeeper>> StateKeeper::Connect(
     if (fd.ok()) spdlog::info("state keeper started on {}", path);
   }
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<StateKeeper>(new StateKeeper(*std::move(fd)));
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  getsockopt(fd->get(), SOL_SOCKET, SO_PEERCRED, &peer, &len);
+  return std::unique_ptr<StateKeeper>(new StateKeeper(*std::move(fd), peer.pid));
 }
 
 absl::Status StateKeeper::Exchange(uint32_t kind, const std::string& name,

@@ -9,6 +9,8 @@
 #ifndef HOSTKV_SERVER_STATE_STATE_KEEPER_H_
 #define HOSTKV_SERVER_STATE_STATE_KEEPER_H_
 
+#include <sys/types.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -44,13 +46,18 @@ class StateKeeper {
   // The keeper closes everything and exits; this connection is then dead.
   absl::Status Discard() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The keeper process (SO_PEERCRED), for the operator's messages.
+  pid_t pid() const { return pid_; }
+
  private:
-  explicit StateKeeper(ScopedFd socket) : socket_(std::move(socket)) {}
+  explicit StateKeeper(ScopedFd socket, pid_t pid)
+      : socket_(std::move(socket)), pid_(pid) {}
   absl::Status Exchange(uint32_t kind, const std::string& name, int fd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   ScopedFd socket_ ABSL_GUARDED_BY(mu_);
+  const pid_t pid_;
 };
 
 // OK if the peer of `connection` (a connection to the keeper's socket

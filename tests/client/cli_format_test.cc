@@ -105,6 +105,39 @@ TEST(CliFormatTest, PoolShowsCacheCountersAndNamespaces) {
       lines[6]);
 }
 
+// Where a column starts in a line (its header's position), for a header
+// word; names longer than the default width push every column right.
+size_t ColumnOf(const std::string& line, const std::string& word) {
+  return line.find(word);
+}
+
+TEST(CliFormatTest, LongNamesKeepTheColumnsAligned) {
+  v1::GetPoolStatsResponse stats = Stats(std::string(kPool));
+  v1::PoolStats* p = stats.mutable_pools(0);
+  p->set_name("warm-restart-demo-with-a-long-name");
+  const std::string long_ns = "sglang/demo-org/demo-model/tp0-1/p16/sha256";
+  v1::CacheNamespaceStats* ns = p->add_cache_namespaces();
+  ns->set_name(long_ns);
+  ns->set_owner_uid(0);
+  ns->mutable_counters()->set_cached_pages(8);
+  p->mutable_cache()->set_cached_pages(8);
+  const std::vector<std::string> lines = Lines(FormatPoolStats(stats));
+  ASSERT_GE(lines.size(), 5u);
+  // The pool row: the name, a space, then LAYOUT's column.
+  EXPECT_EQ(lines[1].find("page_first"), ColumnOf(lines[0], "LAYOUT"));
+  EXPECT_EQ(lines[1].rfind(p->name() + " ", 0), 0u);
+  // The namespace row: OWNER's column starts after the whole name.
+  EXPECT_EQ(lines[4].find("uid 0"), ColumnOf(lines[3], "OWNER"));
+  EXPECT_EQ(lines[4].find(long_ns + " "), 4u);
+
+  v1::Pool pool;
+  pool.mutable_spec()->set_name(std::string(40, 'p'));
+  pool.mutable_spec()->set_layout(v1::LAYOUT_PAGE_FIRST);
+  const std::vector<std::string> pools = Lines(FormatPools({pool}));
+  ASSERT_EQ(pools.size(), 2u);
+  EXPECT_EQ(pools[1].find("MHA"), ColumnOf(pools[0], "ATTN"));
+}
+
 TEST(CliFormatTest, CountersWithoutNamespacesPrintNoTable) {
   v1::GetPoolStatsResponse stats = Stats(std::string(kPool));
   stats.mutable_pools(0)->mutable_cache()->set_misses(5);

@@ -13,7 +13,8 @@ test's daemon and no other):
   from block to block; a block that fails fails the test, with its output.
 - ```sh runs-until="TEXT": started in the background; the test waits until
   TEXT appears in its output, then goes on (the quickstart, which keeps its
-  daemon in the foreground). It is stopped with SIGINT at the end.
+  daemon in the foreground). It is stopped with SIGINT at the end, and
+  must then exit 0 (a clean stop).
 - ```sh needs=gpu|cluster|docker|grpcurl|systemd|root and
   ```sh not-run="reason": not run; listed with the reason.
 - ```python blocks run in order in one interpreter per README (shared
@@ -152,6 +153,12 @@ def build_script(blocks, workdir, python):
         else:
             lines.append(b.text)
     flush_python()
+    # Ctrl-C, as the README says, ends every background block, with 0.
+    lines += [
+        'for p in "${readme_bg[@]}"; do kill -INT -- -$p 2>/dev/null || kill -INT $p; '
+        's=0; wait $p || s=$?; echo "--- a runs-until block ended with status $s on Ctrl-C"; '
+        '[ $s -eq 0 ] || { echo "FAILED: Ctrl-C did not end it cleanly"; exit 1; }; done',
+        "readme_bg=()"]
     return "\n".join(lines) + "\n"
 
 
