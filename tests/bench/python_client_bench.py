@@ -36,6 +36,7 @@ or a row is missing.
       [--quick] [--rounds=N] [--per_round=N] [--json=FILE]
       [--pages=N] [--command_ring=on|off] [--matrix]
 """
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import datetime
 import json

@@ -10,6 +10,7 @@ outage returns (beside a fresh client's first call, the baseline).
   PYTHONPATH=client/python python3 tests/bench/restart_bench.py [--pages=1024,65536,524288]
 
 Prints a Markdown table."""
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import os
 import shutil

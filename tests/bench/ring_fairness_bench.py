@@ -16,6 +16,7 @@ then holding 200 rings.
 
 Needs root (the attacker runs as uid 61005 under setpriv). Prints a
 Markdown table."""
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import os
 import shutil

@@ -40,6 +40,7 @@ device pages shuffled, as a paged device allocator hands them out).
 Asserts no timing; exits non-zero only if a copy's bytes are wrong, or
 if the old and new adapter send different runs.
 """
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import json
 import os

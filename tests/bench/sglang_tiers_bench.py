@@ -110,6 +110,7 @@ counts host memory only.
 
 Prints Markdown tables. Asserts no timing.
 """
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import functools
 import json

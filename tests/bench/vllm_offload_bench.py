@@ -33,6 +33,7 @@ its interquartile range. Asserts no timing.
 
   python3 tests/bench/vllm_offload_bench.py [--build_dir=build] [--rounds=N]
 """
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import os
 import random

@@ -70,6 +70,7 @@ bytes table counts host memory only (GPU KV caches aside).
 
 Prints a Markdown table. Asserts no timing.
 """
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import os
 
 os.environ["PYTHONHASHSEED"] = "0"  # vLLM's block hashes: the same in every instance
