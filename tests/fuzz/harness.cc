@@ -80,6 +80,8 @@ void Harness::Dispatch(int op) {
       return DoListEvictions();
     case kExplainMisses:
       return DoExplainMisses();
+    case kSweepClaims:
+      return DoSweepClaims();
     case kFree:
       return DoFree();
     case kLoad:
@@ -178,7 +180,8 @@ void Harness::PrintStats() const {
                                        "Release",
                                        "CopyPages",
                                        "ListEvictions",
-                                       "ExplainMisses"};
+                                       "ExplainMisses",
+                                       "SweepNamespaceClaims"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kOpCount);
   std::fprintf(stderr, "%-24s %10s %10s\n", "request", "calls", "ok");
   for (int op = 0; op < kOpCount; ++op) {

@@ -99,6 +99,7 @@ class Harness {
     kCopyPages,
     kListEvictions,
     kExplainMisses,
+    kSweepClaims,
     kOpCount
   };
 
@@ -229,6 +230,7 @@ class Harness {
   void DoCopyPages();
   void DoListEvictions();
   void DoExplainMisses();
+  void DoSweepClaims();
   // Cached pages of every pool the model says no session references are
   // not referenced; the allocator's cached pages are the cache's.
   void CheckCacheInvariants(const HostPool& pool);

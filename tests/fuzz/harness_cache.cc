@@ -9,9 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/page_format.h"
+#include "server/operations/claim_sweeper.h"
 #include "server/pool/pool_access.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/harness.h"
+
 
 namespace hostkv::fuzz {
 namespace {
@@ -429,6 +431,41 @@ void Harness::CheckCacheInvariants(const HostPool& pool) {
                "pool ", pool.name(), ": allocator holds ",
                pool.allocator().cached_pages(), " cached pages, the cache ",
                pool.cache().cached_pages());
+  }
+}
+
+void Harness::DoSweepClaims() {
+  // The claims of the namespaces published in, before the sweep.
+  std::vector<std::pair<std::string, NamespaceOwner>> before;
+  for (const auto& pool : pools_.List()) {
+    for (const NamespaceCounters& ns : pool->cache().Stats().namespaces) {
+      if (auto owner = pools_.namespaces().OwnerOf(ns.name)) {
+        before.emplace_back(ns.name, *owner);
+      }
+    }
+  }
+  // Twice: a claim unused at two sweeps in a row is given back.
+  SweepNamespaceClaims(pools_, sessions_);
+  SweepNamespaceClaims(pools_, sessions_);
+  Note(true);
+  // Never the claim of a namespace a page is cached in (its next owner
+  // would be served the pages), nor one of an owner with a live session.
+  for (const auto& pool : pools_.List()) {
+    for (const NamespaceCounters& ns : pool->cache().Stats().namespaces) {
+      if (ns.counters.cached == 0) continue;
+      FUZZ_CHECK(pools_.namespaces().OwnerOf(ns.name).has_value(),
+                 "the claim of a namespace with cached pages was given back");
+    }
+  }
+  for (const auto& [name, owner] : before) {
+    bool live = false;
+    for (const SessionModel& m : live_) {
+      live |= owner.unverified ? !m.attached : (m.attached && m.uid == owner.uid);
+    }
+    if (live) {
+      FUZZ_CHECK(pools_.namespaces().OwnerOf(name).has_value(),
+                 "the claim of an owner with a live session was given back");
+    }
   }
 }
 
