@@ -56,6 +56,7 @@ struct DaemonOptions {
   PoolQuota quota;
   CacheOptions cache;  // page cache: namespace sharing, per-uid limits
   TierConfig tier;     // --tier, --tier_*: the storage tier under it
+  PageDigestOptions digests;  // --page_digests, --verify_hits
   v1::PoolAccess config_pool_access = v1::POOL_ACCESS_GROUP;
   std::string config_path;     // --config
   std::string metrics_listen;  // --metrics_listen

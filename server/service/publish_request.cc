@@ -179,6 +179,8 @@ absl::StatusOr<std::vector<PublishResult>> RequestHandler::PublishFresh(
     }
   }
   pool.allocator().ConfirmCached(kept);
+  // Their digests, taken off this path (DigestWorker).
+  if (digests_ != nullptr) digests_->Enqueue(target.pool, kept, published);
   if (tier_ != nullptr && !published.empty()) {
     tier_->writer().OnPublished(target.pool, request.namespace_(), published);
   }

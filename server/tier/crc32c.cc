@@ -43,9 +43,9 @@ uint64_t LoadLe64(const uint8_t* p) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t HardwareCrc(const uint8_t* p,
+__attribute__((target("sse4.2"))) uint32_t HardwareCrc(uint32_t before, const uint8_t* p,
                                                        size_t n) {
-  uint64_t crc = 0xFFFFFFFFu;
+  uint64_t crc = before ^ 0xFFFFFFFFu;
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
     crc = _mm_crc32_u8(static_cast<uint32_t>(crc), *p++);
     --n;
@@ -68,8 +68,12 @@ bool DetectHardware() {
 }  // namespace
 
 uint32_t Crc32cSoftware(const void* data, size_t size) {
+  return Crc32cSoftwareExtend(0, data, size);
+}
+
+uint32_t Crc32cSoftwareExtend(uint32_t before, const void* data, size_t size) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
-  uint32_t crc = 0xFFFFFFFFu;
+  uint32_t crc = before ^ 0xFFFFFFFFu;
   for (; size >= 8; size -= 8, p += 8) {
     const uint64_t v = LoadLe64(p) ^ crc;
     crc = kTables[7][v & 0xFF] ^ kTables[6][(v >> 8) & 0xFF] ^
@@ -88,15 +92,21 @@ bool Crc32cHardwareAvailable() {
 
 uint32_t Crc32cHardware(const void* data, size_t size) {
 #if defined(__x86_64__)
-  return HardwareCrc(static_cast<const uint8_t*>(data), size);
+  return HardwareCrc(0, static_cast<const uint8_t*>(data), size);
 #else
   return Crc32cSoftware(data, size);
 #endif
 }
 
-uint32_t Crc32c(const void* data, size_t size) {
-  return Crc32cHardwareAvailable() ? Crc32cHardware(data, size)
-                                   : Crc32cSoftware(data, size);
+uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
+
+uint32_t Crc32cExtend(uint32_t before, const void* data, size_t size) {
+#if defined(__x86_64__)
+  if (Crc32cHardwareAvailable()) {
+    return HardwareCrc(before, static_cast<const uint8_t*>(data), size);
+  }
+#endif
+  return Crc32cSoftwareExtend(before, data, size);
 }
 
 }  // namespace hostkv

@@ -1,0 +1,80 @@
+#include "server/cache/digest_worker.h"
+
+#include <utility>
+
+#include "server/cache/page_digest.h"
+#include "server/pool/host_pool.h"
+#include "spdlog/spdlog.h"
+
+namespace hostkv {
+
+DigestWorker::DigestWorker() : thread_([this] { Run(); }) {}
+
+DigestWorker::~DigestWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void DigestWorker::Enqueue(std::shared_ptr<HostPool> pool, absl::Span<const uint64_t> pages,
+                           absl::Span<const absl::string_view> keys) {
+  if (pages.empty()) return;
+  Job job{std::move(pool), std::vector<uint64_t>(pages.begin(), pages.end()), {}};
+  job.keys.reserve(keys.size());
+  for (absl::string_view key : keys) job.keys.emplace_back(key);
+  absl::MutexLock lock(&mu_);
+  if (queued_pages_ + pages.size() > kMaxQueuedPages) {
+    if (dropped_pages_ == 0) {
+      spdlog::warn("page digests: {} pages queued already; pages published past that stay "
+                   "without a digest (never checked)", queued_pages_);
+    }
+    dropped_pages_ += pages.size();
+    return;
+  }
+  queued_pages_ += pages.size();
+  queue_.push_back(std::move(job));
+}
+
+void DigestWorker::Run() {
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    PageDigester digester(job.pool->geometry(), job.pool->base());
+    for (size_t i = 0; i < job.pages.size(); ++i) {
+      // A page evicted meanwhile (and maybe cached again under another
+      // key) is not given this digest: SetDigest checks the key.
+      job.pool->cache().SetDigest(job.pages[i], job.keys[i], digester.Digest(job.pages[i]));
+    }
+    absl::MutexLock lock(&mu_);
+    queued_pages_ -= job.pages.size();
+  }
+}
+
+bool DigestWorker::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queued_pages_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
+}
+
+uint64_t DigestWorker::queued_pages() const {
+  absl::MutexLock lock(&mu_);
+  return queued_pages_;
+}
+
+uint64_t DigestWorker::dropped_pages() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_pages_;
+}
+
+}  // namespace hostkv
