@@ -244,6 +244,25 @@ TEST(Crc32cTest, SoftwareEqualsHardwareOnManyLengthsAndAlignments) {
   EXPECT_EQ(16 * 301, checked);
 }
 
+// From 3 x 4,096 bytes on, the hardware path runs three interleaved
+// chains joined by a shift table: the same checksum as the tables'.
+TEST(Crc32cTest, LongInputsRunAsThreeChainsWithTheSameChecksum) {
+  if (!Crc32cHardwareAvailable()) GTEST_SKIP() << "no SSE4.2 on this CPU";
+  const std::string buffer = RandomBytes(5 * 12288 + 64, 13);
+  for (size_t offset : {size_t{0}, size_t{3}, size_t{8}}) {
+    for (size_t len : {size_t{12287}, size_t{12288}, size_t{12289}, size_t{24576 + 100},
+                       size_t{5 * 12288}}) {
+      const char* p = buffer.data() + offset;
+      ASSERT_EQ(Crc32cSoftware(p, len), Crc32cHardware(p, len))
+          << "offset " << offset << " length " << len;
+      ASSERT_EQ(Crc32cSoftware(p, len), Crc32cExtend(Crc32c(p, 5000), p + 5000, len - 5000));
+    }
+  }
+  const std::string zeros(3 * 12288, '\0');
+  EXPECT_EQ(Crc32cSoftware(zeros.data(), zeros.size()),
+            Crc32cHardware(zeros.data(), zeros.size()));
+}
+
 // A whole frame under another key (a store that mixed keys up, a value
 // copied over another's): its checksum matches its bytes, its key check
 // does not.
