@@ -226,8 +226,70 @@ def _tier_files(root):
     return out
 
 
-def _tier_daemon(tier_dir):
-    return Daemon(f"--tier=file:{tier_dir}", "--tier_fsync=false", "--verify_hits=1.0")
+@pytest.fixture(scope="module")
+def redis_socket():
+    """A real redis-server on a unix socket (as test_sglang_storage_tier's)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    workdir = tempfile.mkdtemp(prefix="hostkv-pytest-digest-redis-")
+    sock = os.path.join(workdir, "redis.sock")
+    server = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
+         "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(sock):
+        assert server.poll() is None and time.monotonic() < deadline, "redis did not start"
+        time.sleep(0.02)
+    yield sock
+    server.kill()
+    server.wait()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Redis:
+    """Just enough RESP to read and rewrite the values behind the daemon."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.buf = b""
+
+    def call(self, *args):
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a if isinstance(a, bytes) else a.encode()
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        return self._reply()
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self.buf += self.sock.recv(1 << 16)
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"-":
+            raise AssertionError(rest.decode())
+        if kind == b"*":
+            return [self._reply() for _ in range(int(rest))]
+        n = int(rest)
+        if n < 0:
+            return None
+        while len(self.buf) < n + 2:
+            self.buf += self.sock.recv(1 << 16)
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+
+def _tier_daemon(url):
+    return Daemon(f"--tier={url}", "--tier_fsync=false", "--verify_hits=1.0")
 
 
 def _written(c, count):
@@ -240,32 +302,57 @@ def _written(c, count):
         time.sleep(0.02)
 
 
+def _damage_file_tier(root, damage, keys):
+    files = {os.path.basename(p): p for p in _tier_files(root)}
+    t1, t2 = files["k-" + keys[1].hex()], files["k-" + keys[2].hex()]
+    if damage == "payload":
+        with open(t1, "r+b") as f:
+            f.seek(40)
+            byte = f.read(1)
+            f.seek(40)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    else:
+        shutil.copyfile(t2, t1)
+
+
+def _damage_redis_tier(sock, damage, keys, namespace_len):
+    r = _Redis(sock)
+    names = r.call("KEYS", "hkv:*")
+    # The tier key ends with the cache key (server/tier/redis_tier.cc).
+    by_key = {n[-namespace_len:]: n for n in names}
+    t1, t2 = by_key[keys[1]], by_key[keys[2]]
+    value = r.call("GET", t2 if damage == "other_key" else t1)
+    if damage == "payload":
+        value = value[:40] + bytes([value[40] ^ 0xFF]) + value[41:]
+    assert r.call("SET", t1, value) == b"OK"
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
 @pytest.mark.parametrize("damage", ["payload", "other_key"])
-def test_a_rewritten_tier_value_is_a_tier_failed_miss(damage):
-    """A value whose bytes changed in the file tier (its frame checksum
-    fails), or whose file holds another key's whole value (frame and
-    checksum intact: the key check fails), is not brought in."""
+def test_a_rewritten_tier_value_is_a_tier_failed_miss(damage, kind, request):
+    """A value whose bytes changed in the tier (its frame checksum fails),
+    or that holds another key's whole value (frame and checksum intact: the
+    key check fails), is not brought in; the lookup misses, tier_failed."""
     pb = _pb()
     tier_dir = tempfile.mkdtemp(prefix="hostkv-pytest-digest-tier-")
-    d = _tier_daemon(tier_dir)
+    if kind == "redis":
+        sock = request.getfixturevalue("redis_socket")
+        url = f"redis+unix:{sock}"
+    else:
+        url = f"file:{tier_dir}"
+    keys = [b"%s-%s-t%d" % (kind.encode(), damage.encode(), i) for i in range(3)]
+    d = _tier_daemon(url)
     try:
-        keys = [b"t0", b"t1", b"t2"]
         with hostkv.Client(d.target, "engine") as c:
             _pool(c, "tiered", 4)
             _publish_filled(c, "tiered", "m", keys)
             _written(c, 3)
         d.stop()
-        files = {os.path.basename(p): p for p in _tier_files(tier_dir)}
-        t1, t2 = files["k-" + b"t1".hex()], files["k-" + b"t2".hex()]
-        if damage == "payload":
-            with open(t1, "r+b") as f:
-                f.seek(40)
-                byte = f.read(1)
-                f.seek(40)
-                f.write(bytes([byte[0] ^ 0xFF]))
+        if kind == "redis":
+            _damage_redis_tier(sock, damage, keys, len(keys[0]))
         else:
-            shutil.copyfile(t2, t1)
-        d = _tier_daemon(tier_dir)  # a fresh daemon: the tier brings pages in
+            _damage_file_tier(tier_dir, damage, keys)
+        d = _tier_daemon(url)  # a fresh daemon: the tier brings pages in
         with hostkv.Client(d.target, "engine") as c:
             _pool(c, "tiered", 4)
             found = c.lookup("tiered", "m", keys)
