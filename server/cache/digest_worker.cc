@@ -1,5 +1,9 @@
 #include "server/cache/digest_worker.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <utility>
 
 #include "server/cache/page_digest.h"
@@ -38,6 +42,12 @@ void DigestWorker::Enqueue(std::shared_ptr<HostPool> pool, absl::Span<const uint
 }
 
 void DigestWorker::Run() {
+  // The lowest priority short of idle: on a busy node the engine's calls
+  // (their request threads, the engine itself) go first, and digests are
+  // taken in the gaps; SCHED_IDLE could leave them pending for good.
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19) != 0) {
+    spdlog::debug("page digests: the digest thread keeps the daemon's priority");
+  }
   for (;;) {
     Job job;
     {

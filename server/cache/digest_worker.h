@@ -4,7 +4,8 @@
 // digest to the pool's page cache. A page's digest is pending until then:
 // hits on it are served unchecked (counted as unverified), and a restart
 // adopts it unchecked. The queue is bounded (kMaxQueuedPages); pages past
-// it stay without a digest.
+// it stay without a digest. The thread runs at nice 19, so that on a busy
+// node it takes no CPU from the engine's calls.
 #ifndef HOSTKV_SERVER_CACHE_DIGEST_WORKER_H_
 #define HOSTKV_SERVER_CACHE_DIGEST_WORKER_H_
 
