@@ -271,11 +271,10 @@ absl::Status AdoptAndConfigure(const DaemonOptions& o, Daemon& d) {
     // Adopted pages whose ledger had no digest (taken after a crash, or
     // by a daemon before digests) get one now.
     for (const std::shared_ptr<HostPool>& pool : d.pools->List()) {
-      std::vector<uint64_t> pages;
-      std::vector<std::string> keys;
-      pool->cache().ListUndigested(&pages, &keys);
-      const std::vector<absl::string_view> views(keys.begin(), keys.end());
-      d.digests->Enqueue(pool, pages, views);
+      for (const PageCache::Undigested& ns : pool->cache().ListUndigested()) {
+        const std::vector<absl::string_view> keys(ns.keys.begin(), ns.keys.end());
+        d.digests->Enqueue(pool, ns.name_space, ns.pages, keys);
+      }
     }
   }
   const gid_t config_gid =

@@ -11,6 +11,13 @@
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
+namespace {
+
+// Whose references the worker holds on the pages it reads: the cache's own
+// tag, which no session has.
+constexpr OwnerTag kDigestHolder = kCacheOwner;
+
+}  // namespace
 
 DigestWorker::DigestWorker() : thread_([this] { Run(); }) {}
 
@@ -22,10 +29,12 @@ DigestWorker::~DigestWorker() {
   thread_.join();
 }
 
-void DigestWorker::Enqueue(std::shared_ptr<HostPool> pool, absl::Span<const uint64_t> pages,
+void DigestWorker::Enqueue(std::shared_ptr<HostPool> pool, absl::string_view name_space,
+                           absl::Span<const uint64_t> pages,
                            absl::Span<const absl::string_view> keys) {
   if (pages.empty()) return;
-  Job job{std::move(pool), std::vector<uint64_t>(pages.begin(), pages.end()), {}};
+  Job job{std::move(pool), std::string(name_space),
+          std::vector<uint64_t>(pages.begin(), pages.end()), {}};
   job.keys.reserve(keys.size());
   for (absl::string_view key : keys) job.keys.emplace_back(key);
   absl::MutexLock lock(&mu_);
@@ -60,31 +69,22 @@ void DigestWorker::Run() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
+    PageCache& cache = job.pool->cache();
     PageDigester digester(job.pool->geometry(), job.pool->base());
     for (size_t i = 0; i < job.pages.size(); ++i) {
-      // A page evicted meanwhile (and maybe cached again under another
-      // key) is not given this digest: SetDigest checks the key.
-      job.pool->cache().SetDigest(job.pages[i], job.keys[i], digester.Digest(job.pages[i]));
+      // One page at a time held against eviction while it is read (a key
+      // evicted meanwhile is skipped; one cached again is read where it is).
+      const absl::string_view key = job.keys[i];
+      absl::StatusOr<std::vector<uint64_t>> held =
+          cache.ReferenceKeys(job.name_space, absl::MakeConstSpan(&key, 1), kDigestHolder);
+      if (!held.ok() || (*held)[0] == PageCache::kNotCached) continue;
+      const uint64_t page = (*held)[0];
+      cache.SetDigest(page, key, digester.Digest(page));
+      cache.Release(kDigestHolder, {PageRun{page, 1}}).IgnoreError();
     }
     absl::MutexLock lock(&mu_);
     queued_pages_ -= job.pages.size();
   }
-}
-
-bool DigestWorker::Drain(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  const auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queued_pages_ == 0; };
-  return mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
-}
-
-uint64_t DigestWorker::queued_pages() const {
-  absl::MutexLock lock(&mu_);
-  return queued_pages_;
-}
-
-uint64_t DigestWorker::dropped_pages() const {
-  absl::MutexLock lock(&mu_);
-  return dropped_pages_;
 }
 
 }  // namespace hostkv

@@ -3,7 +3,9 @@
 // the pages it cached and returns; the worker reads each page and hands its
 // digest to the pool's page cache. A page's digest is pending until then:
 // hits on it are served unchecked (counted as unverified), and a restart
-// adopts it unchecked. The queue is bounded (kMaxQueuedPages); pages past
+// adopts it unchecked. While it reads a page the worker holds a reference
+// on it (PageCache::ReferenceKeys, as the cache's own holder), so the page
+// is not evicted and reused under it. The queue is bounded (kMaxQueuedPages); pages past
 // it stay without a digest. The thread runs at nice 19, so that on a busy
 // node it takes no CPU from the engine's calls.
 #ifndef HOSTKV_SERVER_CACHE_DIGEST_WORKER_H_
@@ -19,7 +21,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace hostkv {
@@ -37,27 +38,24 @@ struct PageDigestOptions {
 
 class DigestWorker {
  public:
-  static constexpr uint64_t kMaxQueuedPages = uint64_t{1} << 20;
+  // ~100 bytes a queued page (its number and key): at most ~26 MiB.
+  static constexpr uint64_t kMaxQueuedPages = uint64_t{1} << 18;
 
   DigestWorker();
   ~DigestWorker();  // stops: queued pages stay without a digest
   DigestWorker(const DigestWorker&) = delete;
   DigestWorker& operator=(const DigestWorker&) = delete;
 
-  // Queues the pages just cached in `pool` under `keys` (one per page).
-  // Never waits for digest work (a short lock).
-  void Enqueue(std::shared_ptr<HostPool> pool, absl::Span<const uint64_t> pages,
-               absl::Span<const absl::string_view> keys) ABSL_LOCKS_EXCLUDED(mu_);
-  // Until no page is queued (tests, benchmarks); false after `timeout`.
-  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Pages queued and not digested yet; dropped because the queue was full.
-  uint64_t queued_pages() const ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t dropped_pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the pages just cached in `pool` under `keys` (one per page) in
+  // `name_space`. Never waits for digest work (a short lock).
+  void Enqueue(std::shared_ptr<HostPool> pool, absl::string_view name_space,
+               absl::Span<const uint64_t> pages, absl::Span<const absl::string_view> keys)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job {
     std::shared_ptr<HostPool> pool;
+    std::string name_space;
     std::vector<uint64_t> pages;
     std::vector<std::string> keys;
   };

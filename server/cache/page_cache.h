@@ -376,9 +376,13 @@ class PageCache {
   bool SetDigest(uint64_t page, absl::string_view key, uint32_t digest)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The cached pages whose digest is not known (e.g. adopted from a ledger
-  // written before it was taken), and their keys.
-  void ListUndigested(std::vector<uint64_t>* pages, std::vector<std::string>* keys) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // written before it was taken), with their namespaces and keys.
+  struct Undigested {
+    std::string name_space;
+    std::vector<uint64_t> pages;
+    std::vector<std::string> keys;
+  };
+  std::vector<Undigested> ListUndigested() const ABSL_LOCKS_EXCLUDED(mu_);
   // Per page: its digest, nullopt while none is known (or not cached).
   std::vector<std::optional<uint32_t>> DigestsOf(absl::Span<const uint64_t> pages) const
       ABSL_LOCKS_EXCLUDED(mu_);

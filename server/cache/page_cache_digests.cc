@@ -21,15 +21,17 @@ bool PageCache::SetDigest(uint64_t page, absl::string_view key, uint32_t digest)
   return true;
 }
 
-void PageCache::ListUndigested(std::vector<uint64_t>* pages,
-                               std::vector<std::string>* keys) const {
+std::vector<PageCache::Undigested> PageCache::ListUndigested() const {
   absl::MutexLock lock(&mu_);
+  std::vector<Undigested> out(namespaces_.size());
   for (uint32_t page : keys_) {
     const Entry& e = At(page);
     if ((e.flags & Entry::kDigestKnown) != 0) continue;
-    pages->push_back(page);
-    keys->emplace_back(e.Key());
+    out[e.ns].pages.push_back(page);
+    out[e.ns].keys.emplace_back(e.Key());
   }
+  for (size_t ns = 0; ns < out.size(); ++ns) out[ns].name_space = namespaces_[ns].name;
+  return out;
 }
 
 std::vector<std::optional<uint32_t>> PageCache::DigestsOf(

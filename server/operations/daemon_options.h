@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "absl/strings/string_view.h"
 #include "hostkv/v1/hostkv.pb.h"
+#include "server/cache/digest_worker.h"
 #include "server/pool/pool_registry.h"
 #include "server/service/health_service.h"
 #include "server/service/request_handler.h"

@@ -14,6 +14,7 @@
 #include "kernels/page_format.h"
 #include "proto/contract/status_macros.h"
 #include "server/cache/page_digest.h"
+#include "server/cache/digest_worker.h"
 #include "server/pool/pool_access.h"
 #include "server/service/request_handler.h"
 #include "server/service/request_validation.h"

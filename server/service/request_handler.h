@@ -19,11 +19,12 @@
 #include "server/pool/pool_registry.h"
 #include "server/service/request_validation.h"
 #include "server/sessions/session_registry.h"
-#include "server/cache/digest_worker.h"
 #include "server/tier/cache_tier.h"
 #include "server/transfer/transfer_engine.h"
 
 namespace hostkv {
+
+class DigestWorker;  // server/cache/digest_worker.h
 
 struct RequestLimits {
   // Most bytes one ReadPages/WritePages call may move.

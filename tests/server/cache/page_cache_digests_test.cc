@@ -75,11 +75,11 @@ TEST_F(PageCacheDigestsTest, DigestsArePendingUntilSetAndGoWithTheKey) {
   DigestCounters c = cache_->digest_counters();
   EXPECT_EQ(1u, c.computed);
   EXPECT_EQ(1u, c.pending);
-  std::vector<uint64_t> undigested;
-  std::vector<std::string> keys;
-  cache_->ListUndigested(&undigested, &keys);
-  EXPECT_EQ(std::vector<uint64_t>{1}, undigested);
-  EXPECT_EQ(std::vector<std::string>{"b"}, keys);
+  const std::vector<PageCache::Undigested> undigested = cache_->ListUndigested();
+  ASSERT_EQ(1u, undigested.size());
+  EXPECT_EQ("m", undigested[0].name_space);
+  EXPECT_EQ(std::vector<uint64_t>{1}, undigested[0].pages);
+  EXPECT_EQ(std::vector<std::string>{"b"}, undigested[0].keys);
   // Evicted (b first: a is its parent), then cached again: pending anew.
   EXPECT_EQ(2u, cache_->Evict(8).size());
   ASSERT_OK(cache_->Publish("m", "a", "", 0));
