@@ -87,6 +87,13 @@ void CopyFlatToPage(const PoolGeometry& g, const uint8_t* flat, uint64_t page,
   });
 }
 
+void AppendPageFlatPieces(const PoolGeometry& g, uint64_t page,
+                          std::vector<BufferPiece>* pieces) {
+  ForEachFlatPiece(g, page, [&](uint64_t pool_off, uint64_t, uint64_t n) {
+    pieces->push_back({pool_off, n});
+  });
+}
+
 void AppendPageBufferPieces(const PoolGeometry& g, uint64_t page,
                             std::vector<BufferPiece>* pieces) {
   const uint64_t first = page * g.page_size;

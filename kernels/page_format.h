@@ -37,6 +37,11 @@ struct BufferPiece {
 void AppendPageBufferPieces(const PoolGeometry& g, uint64_t page,
                             std::vector<BufferPiece>* pieces);
 
+// Appends the contiguous pieces of host page `page` in the layout's flat
+// order (CopyPageToFlat's): reading them in order reads the flat page.
+void AppendPageFlatPieces(const PoolGeometry& g, uint64_t page,
+                          std::vector<BufferPiece>* pieces);
+
 // Copies host page `from` over host page `to` of the same pool (every
 // layer, K and V), piece by piece as AppendPageBufferPieces lists them.
 // REQUIRES: both < g.num_pages(), from != to.

@@ -123,6 +123,7 @@ struct Daemon {
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<TransferEngine> transfers;
   std::unique_ptr<CacheTier> tier;  // null without --tier
+  std::unique_ptr<DigestWorker> digests;  // null with --page_digests=false
   std::unique_ptr<RequestHandler> handler;
   std::unique_ptr<GrpcService> service;
   std::unique_ptr<HealthService> health;
@@ -258,6 +259,10 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
     d.tier = *std::move(tier);
     d.handler->set_tier(d.tier.get());
   }
+  if (o.digests.enabled) {
+    d.digests = std::make_unique<DigestWorker>();
+    d.handler->set_digests(d.digests.get(), o.digests.verify_hits);
+  }
   return absl::OkStatus();
 }
 
@@ -266,6 +271,16 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
 absl::Status AdoptAndConfigure(const DaemonOptions& o, Daemon& d) {
   RETURN_IF_ERROR(KeepState(o, d));
   d.handler->set_restart_stats(d.restart);
+  if (d.digests != nullptr) {
+    // Adopted pages whose ledger had no digest (taken after a crash, or
+    // by a daemon before digests) get one now.
+    for (const std::shared_ptr<HostPool>& pool : d.pools->List()) {
+      for (const PageCache::Undigested& ns : pool->cache().ListUndigested()) {
+        const std::vector<absl::string_view> keys(ns.keys.begin(), ns.keys.end());
+        d.digests->Enqueue(pool, ns.name_space, ns.pages, keys);
+      }
+    }
+  }
   const gid_t config_gid =
       o.socket_gid != static_cast<gid_t>(-1) ? o.socket_gid : getegid();
   RETURN_IF_ERROR(CreateConfiguredPools(

@@ -49,6 +49,16 @@ void AppendCacheStats(const v1::PoolStats& p, std::string* out) {
           ? ""
           : absl::StrCat("; metadata ", Bytes(p.cache_reserved_bytes()),
                          " reserved"));
+  if (p.digests_computed() + p.digests_pending() + p.adoption_digest_drops() +
+          p.tier_values_refused() > 0) {
+    absl::StrAppendFormat(
+        out,
+        "    digests: %d taken, %d pending; hits checked %d, %d unchecked (digest "
+        "pending); dropped for a mismatch: %d on hits, %d at adoption; tier values "
+        "refused %d\n",
+        p.digests_computed(), p.digests_pending(), p.hits_verified(), p.hits_unverified(),
+        p.digest_mismatches(), p.adoption_digest_drops(), p.tier_values_refused());
+  }
   if (p.cache_namespaces_size() == 0) return;
   // As wide as the longest name (SGLang's and vLLM's run past 40 bytes).
   int width = 32;
@@ -256,8 +266,9 @@ std::string FormatMissCounters(const v1::MissCounters& c) {
       c.lookups() ? 100.0 * c.reusable_lookups() / c.lookups() : 0.0, c.missed_lookups());
   if (c.missed_lookups() > 0) {
     absl::StrAppendFormat(&out, ": never published %d, evicted %d, other namespace %d, "
-                          "refused %d", c.never_published(), c.evicted(),
-                          c.other_namespace(), c.refused());
+                          "refused %d, digest mismatch %d, tier failed %d",
+                          c.never_published(), c.evicted(), c.other_namespace(), c.refused(),
+                          c.digest_mismatch(), c.tier_failed());
   }
   return out;
 }

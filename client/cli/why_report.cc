@@ -29,6 +29,13 @@ std::string Reason(const v1::MissExplanation& m) {
                           m.other_namespace());
     case v1::MISS_REASON_REFUSED:
       return "the lookup was refused (a reference limit)";
+    case v1::MISS_REASON_DIGEST_MISMATCH:
+      return absl::StrCat("dropped ", Ago(m.dropped_seconds_ago()),
+                          ": its bytes no longer matched the digest taken when it was "
+                          "published (never served)");
+    case v1::MISS_REASON_TIER_FAILED:
+      return absl::StrCat("the storage tier failed it ", Ago(m.dropped_seconds_ago()),
+                          " (a read error, or a damaged or foreign value)");
     default:
       return "no reason recorded";
   }

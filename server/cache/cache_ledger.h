@@ -22,6 +22,9 @@ class CacheLedger {
                             uint64_t use) = 0;
   // `page` is no longer cached.
   virtual void RecordEvicted(uint64_t page) = 0;
+  // `page`, cached, has `digest` (server/cache/page_digest.h): a daemon
+  // that adopts it checks its bytes against it first.
+  virtual void RecordDigest(uint64_t page, uint32_t digest) = 0;
 };
 
 }  // namespace hostkv

@@ -14,6 +14,10 @@ const char* MissReasonName(MissReason reason) {
       return "other_namespace";
     case MissReason::kRefused:
       return "refused";
+    case MissReason::kDigestMismatch:
+      return "digest_mismatch";
+    case MissReason::kTierFailed:
+      return "tier_failed";
   }
   return "unknown";
 }
@@ -36,6 +40,11 @@ void MissHistory::Evicted(uint16_t ns, uint64_t ns_key, uint32_t for_session,
   slot = Slot{Tag(ns_key), absl::ToUnixSeconds(now), for_session, ns};
 }
 
+void MissHistory::Dropped(uint16_t ns, uint64_t ns_key, MissReason why, absl::Time now) {
+  Slot& slot = by_ns_key_[ns_key & mask_];
+  slot = Slot{Tag(ns_key), absl::ToUnixSeconds(now), 0, ns, why};
+}
+
 bool MissHistory::EverPublished(uint64_t ns_key) const {
   return by_ns_key_[ns_key & mask_].tag == Tag(ns_key);
 }
@@ -44,7 +53,7 @@ MissExplanation MissHistory::Explain(uint16_t ns, uint64_t ns_key, uint64_t key)
   MissExplanation why;
   const Slot& slot = by_ns_key_[ns_key & mask_];
   if (ns != kUnknownNamespace && slot.tag == Tag(ns_key) && slot.evicted_at_s != 0) {
-    why.reason = MissReason::kEvicted;
+    why.reason = slot.why;
     why.evicted_at = absl::FromUnixSeconds(slot.evicted_at_s);
     why.evicted_for_session = slot.for_session;
     return why;

@@ -26,15 +26,24 @@ enum class MissReason : uint8_t {
   kEvicted = 1,         // published here, evicted since
   kOtherNamespace = 2,  // not here; published in another namespace of the pool
   kRefused = 3,         // the lookup was refused (a reference limit)
+  // Published here, then dropped: its bytes no longer matched the digest
+  // taken when it was published (page_digest.h), found on a hit or when a
+  // restarted daemon adopted it.
+  kDigestMismatch = 4,
+  // The storage tier was asked for it and its value could not be read or
+  // was refused (damaged, another geometry or digest).
+  kTierFailed = 5,
 };
-inline constexpr int kMissReasons = 4;
-// "never_published", "evicted", "other_namespace", "refused".
+inline constexpr int kMissReasons = 6;
+// "never_published", "evicted", "other_namespace", "refused",
+// "digest_mismatch", "tier_failed".
 const char* MissReasonName(MissReason reason);
 
 struct MissExplanation {
   MissReason reason = MissReason::kNeverPublished;
   // kEvicted: when, and the session whose allocation evicted it (0: an
-  // eviction no allocation of a session asked for).
+  // eviction no allocation of a session asked for). kDigestMismatch,
+  // kTierFailed: when the page was dropped or the tier failed.
   absl::Time evicted_at;
   uint32_t evicted_for_session = 0;
   // kOtherNamespace: the namespace's id in the cache.
@@ -71,6 +80,9 @@ class MissHistory {
   // ns_key: the (namespace, key) hash; key: the key's own hash.
   void Published(uint16_t ns, uint64_t ns_key, uint64_t key);
   void Evicted(uint16_t ns, uint64_t ns_key, uint32_t for_session, absl::Time now);
+  // (ns, key) was dropped, or not brought in, for `why` (kDigestMismatch or
+  // kTierFailed): later misses of it say so until it is published again.
+  void Dropped(uint16_t ns, uint64_t ns_key, MissReason why, absl::Time now);
 
   // Why (ns, key) is not cached (the caller knows it is not).
   MissExplanation Explain(uint16_t ns, uint64_t ns_key, uint64_t key) const;
@@ -100,6 +112,7 @@ class MissHistory {
     int64_t evicted_at_s = 0;  // 0: cached (or published, never evicted)
     uint32_t for_session = 0;
     uint16_t ns = 0;
+    MissReason why = MissReason::kEvicted;  // with evicted_at_s: how it went
   };
   struct KeySlot {  // key: the last namespace it was published in
     uint64_t tag = 0;

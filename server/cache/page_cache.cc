@@ -95,7 +95,7 @@ PageCache::PageCache(uint64_t num_pages)
       chunks_((num_pages + kChunkMask) >> kChunkBits),
       keys_(0, KeyHash{this}, KeyEq{this}),
       history_(MissHistory::SlotsFor(num_pages)) {
-  static_assert(sizeof(Entry) == 96);
+  static_assert(sizeof(Entry) == 104);
   // Room for every page at a load factor below 25/32, where the index
   // cleans its tombstones in place: it never grows (no rehash of millions of
   // entries while mu_ is held).
@@ -263,6 +263,8 @@ PublishResult PageCache::PublishOneLocked(uint16_t ns, const PublishItem& item,
   e.parent = parent;
   e.children = 0;
   e.refs = 0;
+  e.flags = 0;  // its digest comes after the publish (SetDigest)
+  e.digest = 0;
   if (parent != kNone) AddChild(parent);
   LinkHot(page);
   if (ledger_ != nullptr) {
@@ -343,14 +345,7 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
   auto ns_it = namespace_ids_.find(name_space);
   if (ns_it == namespace_ids_.end()) {
     if (count_misses) {
-      total_.misses += keys.size();
-      unknown_namespace_misses_ += keys.size();
-      if (!keys.empty()) {
-        constexpr uint16_t kUnknown = MissHistory::kUnknownNamespace;
-        history_.CountLookup(kUnknown, false);
-        history_.CountMiss(kUnknown, name_space, keys[0],
-                           history_.Explain(kUnknown, 0, KeyOnlyHash(keys[0])), absl::Now());
-      }
+      CountLookupLocked(MissHistory::kUnknownNamespace, name_space, keys, 0);
     }
     return result;
   }
@@ -383,17 +378,7 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     }
   }
   Count(ns, &CacheCounters::hits, static_cast<int64_t>(hits));
-  if (count_misses) {
-    Count(ns, &CacheCounters::misses, static_cast<int64_t>(n - hits));
-    if (n > 0) {
-      history_.CountLookup(ns, hits > 0 || history_.EverPublished(hashes[0]));
-      if (hits < n) {
-        history_.CountMiss(ns, name_space, keys[hits],
-                           history_.Explain(ns, hashes[hits], KeyOnlyHash(keys[hits])),
-                           absl::Now());
-      }
-    }
-  }
+  if (count_misses) CountLookupLocked(ns, name_space, keys, hits);
   result.hits = hits;
   SessionRefs* held = acquire && hits > 0 ? &refs_[session] : nullptr;
   // Last hit first, so that the first ends up hottest.
@@ -403,6 +388,37 @@ absl::StatusOr<LookupResult> PageCache::Lookup(
     Touch(page);
   }
   return result;
+}
+
+void PageCache::CountLookupMisses(absl::string_view name_space,
+                                  absl::Span<const absl::string_view> keys, size_t hits) {
+  absl::MutexLock lock(&mu_);
+  const auto it = namespace_ids_.find(name_space);
+  CountLookupLocked(it == namespace_ids_.end() ? MissHistory::kUnknownNamespace : it->second,
+                    name_space, keys, hits);
+}
+
+void PageCache::CountLookupLocked(uint16_t ns, absl::string_view name_space,
+                                  absl::Span<const absl::string_view> keys, size_t hits) {
+  const size_t n = keys.size();
+  if (ns == MissHistory::kUnknownNamespace) {
+    total_.misses += n;
+    unknown_namespace_misses_ += n;
+    if (n > 0) {
+      history_.CountLookup(ns, false);
+      history_.CountMiss(ns, name_space, keys[0], history_.Explain(ns, 0, KeyOnlyHash(keys[0])),
+                         absl::Now());
+    }
+    return;
+  }
+  Count(ns, &CacheCounters::misses, static_cast<int64_t>(n - hits));
+  if (n == 0) return;
+  history_.CountLookup(ns, hits > 0 || history_.EverPublished(HashOf(ns, keys[0])));
+  if (hits < n) {
+    history_.CountMiss(ns, name_space, keys[hits],
+                       history_.Explain(ns, HashOf(ns, keys[hits]), KeyOnlyHash(keys[hits])),
+                       absl::Now());
+  }
 }
 
 absl::StatusOr<std::vector<uint64_t>> PageCache::ReferenceKeys(
@@ -437,17 +453,23 @@ void PageCache::EvictColdestLocked(size_t hash, uint32_t for_session, absl::Time
   const uint32_t page = coldest_;
   Entry& e = At(page);
   Unlink(page);
-  keys_.erase(keys_.find(KeyRef{e.ns, e.Key(), hash}));
-  evictions_.Record(e.ns, e.Key());
-  history_.Evicted(e.ns, hash, for_session, now);
-  e.key_size = 0;
-  if (ledger_ != nullptr) {
-    ledger_->RecordEvicted(page);
-    CrashPoint("evict");
+  if (!e.detached()) {  // a detached entry's key went when it was detached
+    keys_.erase(keys_.find(KeyRef{e.ns, e.Key(), hash}));
+    evictions_.Record(e.ns, e.Key());
+    history_.Evicted(e.ns, hash, for_session, now);
+    if (ledger_ != nullptr) {
+      ledger_->RecordEvicted(page);
+      CrashPoint("evict");
+    }
   }
+  if ((e.flags & Entry::kDigestKnown) != 0) --digests_known_;
+  const bool was_detached = e.detached();
+  if (was_detached) --detached_;
+  e.key_size = 0;
+  e.flags = 0;
   Count(e.ns, &CacheCounters::cached, -1);
   Count(e.ns, &CacheCounters::evictable, -1);
-  Count(e.ns, &CacheCounters::evictions, 1);
+  if (!was_detached) Count(e.ns, &CacheCounters::evictions, 1);
   if (e.parent != kNone) DropChild(e.parent);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,23 @@ struct AdoptedEntry {
   std::string key;
   uint64_t parent = UINT64_MAX;  // a page, or UINT64_MAX for none
   uint64_t use = 0;              // larger: used later
+  // The page's digest (page_digest.h), if the ledger had it: checked
+  // against the page's bytes before it is adopted.
+  std::optional<uint32_t> digest;
+};
+
+// Pages checked against their digests (server/cache/page_digest.h), in one
+// pool.
+struct DigestCounters {
+  uint64_t computed = 0;    // digests taken after a publish, or carried in
+  uint64_t pending = 0;     // cached pages whose digest is not known yet (now)
+  uint64_t verified = 0;    // hits checked before their load, and matching
+  uint64_t unverified = 0;  // hits picked for a check while their digest was pending
+  uint64_t mismatched = 0;  // hits that did not match: dropped, served as misses
+  uint64_t adoption_dropped = 0;  // pages a restart did not adopt: no match
+  uint64_t tier_refused = 0;      // tier values not brought in: damaged or foreign
+
+  bool operator==(const DigestCounters&) const = default;
 };
 
 struct LookupResult {
@@ -162,8 +180,8 @@ std::vector<PageRun> ToPageRuns(absl::Span<const uint64_t> pages);
 // and Evict prefetches the next victim's entry. Memory: at construction, a
 // key index sized for every page at once (5 bytes a slot, 1.3-2.6 slots a
 // page: 6-12 bytes per page of the pool; it never grows or rehashes while
-// the lock is held); then 96 bytes per page (its entry, key inline),
-// allocated 65,536 pages (6 MiB) at a time when the first page of such a
+// the lock is held); then 104 bytes per page (its entry, key and digest inline),
+// allocated 65,536 pages (6.5 MiB) at a time when the first page of such a
 // range is published, and not given back; plus ~16 bytes per (session,
 // page) reference. Arrays of 2 MiB and more ask for transparent huge pages
 // (madvise): the accesses are random, and at millions of pages 4 KiB pages
@@ -349,6 +367,58 @@ class PageCache {
   std::vector<ExplainedMiss> RecentMisses(absl::string_view name_space, size_t max) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Page digests (server/cache/page_digest.h): computed and checked by
+  // the daemon outside the cache's lock; kept here with the key.
+  //
+  // Sets the digest of `page` if it is cached (not detached) under `key`
+  // and has none yet; writes it to the ledger. False if not set (evicted,
+  // republished under another key, or set already).
+  bool SetDigest(uint64_t page, absl::string_view key, uint32_t digest)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The cached pages whose digest is not known (e.g. adopted from a ledger
+  // written before it was taken), with their namespaces and keys.
+  struct Undigested {
+    std::string name_space;
+    std::vector<uint64_t> pages;
+    std::vector<std::string> keys;
+  };
+  std::vector<Undigested> ListUndigested() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Per page: its digest, nullopt while none is known (or not cached).
+  std::vector<std::optional<uint32_t>> DigestsOf(absl::Span<const uint64_t> pages) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The hits of a Lookup from `at` on are not served: the page at `at` did
+  // not match its digest. Drops the references the lookup gave `session`
+  // on them (with acquire), takes them off the hit counts, takes the
+  // page's key out of the cache (detached until its other references and
+  // cached children are gone; evicted first; its next miss says
+  // kDigestMismatch) and truncates `found`. The lookup's misses are
+  // counted by CountLookupMisses. REQUIRES: `found` is what
+  // Lookup(name_space, ..., acquire, session, false) returned.
+  void RejectHits(absl::string_view name_space, LookupResult& found, size_t at, bool acquire,
+                  OwnerTag session) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a lookup of `keys` whose first `hits` were served, as Lookup
+  // with count_misses does (for a caller that passed count_misses false).
+  // REQUIRES: namespace and keys checked, hits <= keys.size().
+  void CountLookupMisses(absl::string_view name_space,
+                         absl::Span<const absl::string_view> keys, size_t hits)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The page cached under (name_space, key), if it is still `page`, no
+  // longer matches its digest (a reader other than Lookup found it, e.g.
+  // the tier writer): it leaves the cache as RejectHits takes a page out.
+  void DropMismatched(absl::string_view name_space, absl::string_view key, uint64_t page)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // (name_space, key) was not brought in for `why` (kTierFailed: the tier
+  // failed or refused its value; kDigestMismatch: a restart dropped its
+  // page): its next miss says so. Makes the namespace known if it was not.
+  void NoteDropped(absl::string_view name_space, absl::string_view key, MissReason why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Hits checked: `matched`, and `unknown` whose digest was still pending.
+  void CountVerified(uint64_t matched, uint64_t unknown) ABSL_LOCKS_EXCLUDED(mu_);
+  // DigestCounters::adoption_dropped and tier_refused.
+  void CountAdoptionDropped(uint64_t pages) ABSL_LOCKS_EXCLUDED(mu_);
+  void CountTierRefused(uint64_t values) ABSL_LOCKS_EXCLUDED(mu_);
+  DigestCounters digest_counters() const ABSL_LOCKS_EXCLUDED(mu_);
+
   CacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // One namespace's counters (zeros if nothing was ever published in it).
   CacheCounters CountersOf(absl::string_view name_space) const
@@ -413,7 +483,7 @@ class PageCache {
   };
 
   static constexpr uint32_t kNone = UINT32_MAX;
-  static constexpr uint32_t kChunkBits = 16;  // 65,536 entries, 6 MiB
+  static constexpr uint32_t kChunkBits = 16;  // 65,536 entries, 6.5 MiB
   static constexpr uint32_t kChunkMask = (1u << kChunkBits) - 1;
   // Keys hashed (and their index slots prefetched) ahead of their probe.
   static constexpr size_t kLookahead = 8;
@@ -478,6 +548,16 @@ class PageCache {
   void DropChild(uint32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountRefusedLocked(absl::string_view name_space, absl::string_view first_key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a cached page's key out of the index, the ledger and the
+  // eviction log (history: `why`); the entry stays, detached, until its
+  // references and cached children are gone.
+  void DetachLocked(uint32_t page, MissReason why, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lookup's counts of a lookup in namespace `ns` (kUnknownNamespace: one
+  // nothing was published in) whose first `hits` keys were served.
+  void CountLookupLocked(uint16_t ns, absl::string_view name_space,
+                         absl::Span<const absl::string_view> keys, size_t hits)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // kOtherNamespace's namespace name ("" for other reasons).
   std::string OtherNamespaceLocked(const MissExplanation& why) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -528,6 +608,9 @@ class PageCache {
   EvictionLog evictions_ ABSL_GUARDED_BY(mu_);
   // Why lookups missed: what was published and evicted, counters by reason.
   MissHistory history_ ABSL_GUARDED_BY(mu_);
+  DigestCounters digests_ ABSL_GUARDED_BY(mu_);  // pending: see digests_known_
+  uint64_t digests_known_ ABSL_GUARDED_BY(mu_) = 0;  // cached, not detached
+  uint64_t detached_ ABSL_GUARDED_BY(mu_) = 0;       // cached, detached
   // ReferenceCharge: references paid for in the budget.
   ReferenceCharge charge_;
   uint64_t charged_refs_ ABSL_GUARDED_BY(mu_) = 0;

@@ -37,6 +37,13 @@ absl::StatusOr<std::vector<uint64_t>> PageCache::Adopt(
     PublishOneLocked(*ns, item, HashOf(*ns, a.key), kNone, &page);
     if (page != a.page) continue;  // the key was adopted with another page
     cached.push_back(a.page);
+    if (a.digest.has_value()) {  // checked against the bytes by the caller
+      Entry& e = At(page);
+      e.digest = *a.digest;
+      e.flags |= Entry::kDigestKnown;
+      ++digests_known_;
+      if (ledger_ != nullptr) ledger_->RecordDigest(page, *a.digest);
+    }
     use_of[a.page] = a.use;
     if (a.parent != UINT64_MAX) links.emplace_back(page, a.parent);
   }

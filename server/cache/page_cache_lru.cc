@@ -78,7 +78,12 @@ void PageCache::DropRefs(uint32_t page, uint32_t count) {
     Count(e.ns, &CacheCounters::referenced, -1);
     e.last_use = ++clock_;
     if (e.children == 0) {
-      LinkHot(page);
+      // A detached page (a digest mismatch) goes before any other.
+      if (e.detached()) {
+        LinkCold(page);
+      } else {
+        LinkHot(page);
+      }
       Count(e.ns, &CacheCounters::evictable, 1);
     }
   }
@@ -98,8 +103,9 @@ void PageCache::DropChild(uint32_t parent) {
   if (--p.children > 0 || p.refs > 0) return;
   Count(p.ns, &CacheCounters::evictable, 1);
   // Its sorted place when the parent was used no later than the coldest
-  // page: the cold end; else the hot end (used recently, if not last).
-  if (coldest_ == kNone || p.last_use <= At(coldest_).last_use) {
+  // page: the cold end; else the hot end (used recently, if not last). A
+  // detached one (a digest mismatch): the cold end.
+  if (coldest_ == kNone || p.detached() || p.last_use <= At(coldest_).last_use) {
     LinkCold(parent);
   } else {
     LinkHot(parent);

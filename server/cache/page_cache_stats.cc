@@ -100,16 +100,21 @@ absl::Status PageCache::CheckConsistencyLocked() const {
   // Entries in use (key_size > 0) are exactly the key index's.
   std::vector<CacheCounters> per_ns(namespaces_.size());
   absl::flat_hash_map<uint32_t, uint32_t> children;
-  uint64_t in_use = 0, refs = 0;
+  uint64_t in_use = 0, refs = 0, detached = 0, known = 0;
   for (uint64_t p = 0; p < num_pages_; ++p) {
     if (!CachedLocked(p)) continue;
     const auto page = static_cast<uint32_t>(p);
     const Entry& e = At(page);
     ++in_use;
     if (e.ns >= namespaces_.size()) return Broken("page ", page, " ns");
-    if (FindLocked(KeyRef{e.ns, e.Key(), HashOf(e.ns, e.Key())}) != page) {
+    const uint32_t found = FindLocked(KeyRef{e.ns, e.Key(), HashOf(e.ns, e.Key())});
+    if (e.detached()) {
+      ++detached;
+      if (found == page) return Broken("detached page ", page, " found by its key");
+    } else if (found != page) {
       return Broken("page ", page, " not found by its key");
     }
+    if ((e.flags & Entry::kDigestKnown) != 0) ++known;
     if (e.parent != kNone) {
       if (!CachedLocked(e.parent) || At(e.parent).ns != e.ns) {
         return Broken("page ", page, " has a stale parent ", e.parent);
@@ -122,11 +127,20 @@ absl::Status PageCache::CheckConsistencyLocked() const {
     if (Evictable(e)) ++c.evictable;
     refs += e.refs;
   }
-  if (in_use != keys_.size()) {
-    return Broken(in_use, " entries in use, ", keys_.size(), " keys");
+  if (in_use != keys_.size() + detached) {
+    return Broken(in_use, " entries in use, ", keys_.size(), " keys, ", detached,
+                  " detached");
+  }
+  if (detached != detached_ || known != digests_known_) {
+    return Broken(detached, " detached, ", known, " digests; counted ", detached_, ", ",
+                  digests_known_);
   }
   for (uint32_t page : keys_) {
     if (!CachedLocked(page)) return Broken("key of free page ", page);
+  }
+  for (uint64_t p = 0; p < num_pages_; ++p) {
+    if (!CachedLocked(p)) continue;
+    const auto page = static_cast<uint32_t>(p);
     auto it = children.find(page);
     const uint32_t want = it == children.end() ? 0 : it->second;
     if (At(page).children != want) {
@@ -167,7 +181,9 @@ absl::Status PageCache::CheckConsistencyLocked() const {
       return Broken("session ", session, " total ", held.total, " vs ", sum);
     }
   }
-  for (uint32_t page : keys_) {
+  for (uint64_t p = 0; p < num_pages_; ++p) {
+    if (!CachedLocked(p)) continue;
+    const auto page = static_cast<uint32_t>(p);
     auto it = held_refs.find(page);
     if ((it == held_refs.end() ? 0 : it->second) != At(page).refs) {
       return Broken("page ", page, " refs differ from the sessions'");

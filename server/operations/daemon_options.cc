@@ -222,8 +222,32 @@ ABSL_FLAG(int, max_passed_fds_per_uid, 1024,
           "a quarter of what all uids may: a quarter of the descriptor "
           "limit)");
 
+// Page digests (server/README.md "Page digests").
+ABSL_FLAG(bool, page_digests, true,
+          "take a CRC32C digest of every published page after its publish "
+          "(a background thread) and keep it with its key, in the ledger and "
+          "in tier values; hits, restarts and tier reads check pages against "
+          "it (default true)");
+ABSL_FLAG(double, verify_hits, 0.01,
+          "the share of hits (0..1) whose bytes Lookup checks against their "
+          "digest before returning them; a page that does not match is a "
+          "miss and leaves the cache (default 0.01)");
+
 namespace hostkv {
 namespace {
+
+const std::vector<std::string> kDigestFlagNames = {"page_digests", "verify_hits"};
+
+absl::Status ReadDigestFlags(DaemonOptions& o) {
+  o.digests.enabled = absl::GetFlag(FLAGS_page_digests);
+  const double share = absl::GetFlag(FLAGS_verify_hits);
+  if (!(share >= 0.0 && share <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--verify_hits must be within 0..1, got ", share));
+  }
+  o.digests.verify_hits = o.digests.enabled ? share : 0.0;
+  return absl::OkStatus();
+}
 
 const std::vector<std::string> kDescriptorFlagNames = {
     "max_refused_fds_per_uid", "max_passed_fds_per_uid"};
@@ -642,6 +666,7 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
   }
   ASSIGN_OR_RETURN(o.tier, ReadTierFlags());
   RETURN_IF_ERROR(ReadRingAndMetricsBounds(o));
+  RETURN_IF_ERROR(ReadDigestFlags(o));
   return o;
 }
 
@@ -659,6 +684,7 @@ const std::vector<std::string>& DaemonFlagNames() {
     all->insert(all->end(), TierFlagNames().begin(), TierFlagNames().end());
     all->insert(all->end(), kDescriptorFlagNames.begin(),
                 kDescriptorFlagNames.end());
+    all->insert(all->end(), kDigestFlagNames.begin(), kDigestFlagNames.end());
     return all;
   }();
   return *names;

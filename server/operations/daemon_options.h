@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "absl/strings/string_view.h"
 #include "hostkv/v1/hostkv.pb.h"
+#include "server/cache/digest_worker.h"
 #include "server/pool/pool_registry.h"
 #include "server/service/health_service.h"
 #include "server/service/request_handler.h"
@@ -60,6 +61,7 @@ struct DaemonOptions {
   PoolQuota quota;
   CacheOptions cache;  // page cache: namespace sharing, per-uid limits
   TierConfig tier;     // --tier, --tier_*: the storage tier under it
+  PageDigestOptions digests;  // --page_digests, --verify_hits
   v1::PoolAccess config_pool_access = v1::POOL_ACCESS_GROUP;
   std::string config_path;     // --config
   std::string metrics_listen;  // --metrics_listen

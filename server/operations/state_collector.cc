@@ -28,6 +28,15 @@ prometheus::MetricFamily Counter(const char* name, const char* help) {
   return family;
 }
 
+void Add(prometheus::MetricFamily& counter, uint64_t value, const std::string& pool,
+         const char* found = nullptr) {
+  prometheus::ClientMetric metric;
+  metric.label.push_back({"pool", pool});
+  if (found != nullptr) metric.label.push_back({"found", found});
+  metric.counter.value = static_cast<double>(value);
+  counter.metric.push_back(std::move(metric));
+}
+
 // The page cache's series: per pool and namespace (the pool's totals are
 // their sums, except misses in namespaces nothing was published in).
 struct CacheFamilies {
@@ -116,7 +125,24 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
                             "Pages of the pool owned by its page cache "
                             "(counted in hostkv_pool_used_pages)");
   CacheFamilies cache;
+  auto digests = Counter("hostkv_page_digests_total",
+                         "Digests of cached pages taken after their publish or carried in "
+                         "by tier values");
+  auto digests_pending = Gauge("hostkv_page_digests_pending",
+                               "Cached pages whose digest is still being taken");
+  auto verified = Counter("hostkv_cache_hits_verified_total",
+                          "Hits checked against their page's digest before a load, and "
+                          "matching (--verify_hits)");
+  auto mismatches = Counter("hostkv_page_digest_mismatches_total",
+                            "Cached pages dropped because their bytes no longer matched "
+                            "their digest, by where it was found (hit, adoption)");
   for (const std::shared_ptr<HostPool>& pool : pools_->List()) {
+    const DigestCounters d = pool->cache().digest_counters();
+    Add(digests, d.computed, pool->name());
+    Set(digests_pending, static_cast<double>(d.pending), pool->name());
+    Add(verified, d.verified, pool->name());
+    Add(mismatches, d.mismatched, pool->name(), "hit");
+    Add(mismatches, d.adoption_dropped, pool->name(), "adoption");
     const PoolGeometry& g = pool->geometry();
     const SlotAllocator& alloc = pool->allocator();
     Set(cached_pages, static_cast<double>(alloc.cached_pages()), pool->name());
@@ -157,7 +183,7 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
   std::vector<prometheus::MetricFamily> families = {
       capacity, used,      free,     capacity_pages, used_pages,
       free_pages, cached_pages, pinned, imports, sessions,
-      attached, in_flight, reserved, budget};
+      attached, in_flight, reserved, budget, digests, digests_pending, verified, mismatches};
   cache.AppendTo(families);
   return families;
 }

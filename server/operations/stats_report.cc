@@ -32,6 +32,8 @@ void FillMissCounters(const MissCounters& c, v1::MissCounters* out) {
   out->set_evicted(r[static_cast<int>(MissReason::kEvicted)]);
   out->set_other_namespace(r[static_cast<int>(MissReason::kOtherNamespace)]);
   out->set_refused(r[static_cast<int>(MissReason::kRefused)]);
+  out->set_digest_mismatch(r[static_cast<int>(MissReason::kDigestMismatch)]);
+  out->set_tier_failed(r[static_cast<int>(MissReason::kTierFailed)]);
 }
 
 void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
@@ -52,6 +54,14 @@ void FillCacheStats(const HostPool& pool, uint64_t cached_pages,
     }
   }
   FillMissCounters(cache.unknown_namespace, stats->mutable_unknown_namespace_lookups());
+  const DigestCounters digests = pool.cache().digest_counters();
+  stats->set_digests_computed(digests.computed);
+  stats->set_digests_pending(digests.pending);
+  stats->set_hits_verified(digests.verified);
+  stats->set_hits_unverified(digests.unverified);
+  stats->set_digest_mismatches(digests.mismatched);
+  stats->set_adoption_digest_drops(digests.adoption_dropped);
+  stats->set_tier_values_refused(digests.tier_refused);
   stats->set_cache_reserved_bytes(pool.cache().MaxMemoryBytes());
   if (pool.ledger() != nullptr) {
     stats->set_ledger_reserved_bytes(PoolLedger::BytesFor(pool.geometry().num_pages()));

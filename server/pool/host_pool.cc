@@ -14,6 +14,7 @@
 #include "proto/contract/status_macros.h"
 #include "server/pool/pool_spec.h"
 #include "server/state/pool_ledger.h"
+#include "server/tier/tier_value.h"
 
 namespace hostkv {
 namespace {
@@ -74,6 +75,9 @@ v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry
   info.set_token_stride(geometry.token_stride());
   info.set_v_offset(geometry.kv_planes() == 2 ? geometry.plane_bytes() : 0);
   info.set_segment_name(segment.name());
+  const v1::Geometry& g = info.spec().geometry();
+  info.set_layout_fingerprint(GeometryFingerprint(
+      geometry, static_cast<uint32_t>(g.dtype()), g.has_mla() ? g.mla().qk_rope_head_dim() : 0));
   return info;
 }
 

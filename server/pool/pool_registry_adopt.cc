@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/status_macros.h"
+#include "server/cache/page_digest.h"
 #include "server/pool/pool_registry.h"
 #include "server/pool/pool_spec.h"
 #include "server/state/pool_ledger.h"
@@ -54,12 +55,24 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Adopt(
   }
   // Cached pages: proven records, in a namespace that kept its owner, on a
   // page the ledger gives to the cache.
+  // A page with a digest is adopted only if its bytes still match it (a
+  // device or a writer may have changed them after the publish, before or
+  // across the crash); one without (taken after the crash, or never) is
+  // adopted and digested anew.
   std::vector<AdoptedEntry> entries;
   entries.reserve(contents.entries.size());
   uint64_t keys_dropped = contents.unproven_entries;
+  std::vector<AdoptedEntry> mismatched;
+  PageDigester digester(geometry, pool->base());
   for (AdoptedEntry& e : contents.entries) {
     if (contents.owners[e.page] == kCacheOwner &&
         pool->namespaces().OwnerOf(e.name_space).has_value()) {
+      if (e.digest.has_value() && digester.Digest(e.page) != *e.digest) {
+        ledger->RecordEvicted(e.page);
+        ++keys_dropped;
+        mismatched.push_back(std::move(e));
+        continue;
+      }
       entries.push_back(std::move(e));
     } else {
       ledger->RecordEvicted(e.page);
@@ -70,6 +83,15 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Adopt(
   ASSIGN_OR_RETURN(std::vector<uint64_t> cached,
                    pool->cache().Adopt(std::move(entries)));
   keys_dropped += proven - cached.size();
+  if (!mismatched.empty()) {
+    for (const AdoptedEntry& e : mismatched) {
+      pool->cache().NoteDropped(e.name_space, e.key, MissReason::kDigestMismatch);
+    }
+    pool->cache().CountAdoptionDropped(mismatched.size());
+    spdlog::warn("pool '{}': {} cached pages no longer match their digests: not "
+                 "adopted (zeroed and freed; their keys miss as digest_mismatch)",
+                 spec.name(), mismatched.size());
+  }
   std::vector<uint8_t> is_cached(geometry.num_pages(), 0);
   for (uint64_t page : cached) is_cached[page] = 1;
   PoolAdoption counts;

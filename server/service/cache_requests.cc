@@ -3,13 +3,18 @@
 // pages' ownership is the pool's allocator (kCacheOwner). Lock order: the
 // allocator's, then the cache's; nothing here holds either across a call.
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/page_format.h"
 #include "proto/contract/status_macros.h"
+#include "server/cache/digest_worker.h"
+#include "server/cache/page_digest.h"
 #include "server/pool/pool_access.h"
 #include "server/service/request_handler.h"
 #include "server/service/request_validation.h"
@@ -17,6 +22,17 @@
 
 namespace hostkv {
 namespace {
+
+// A uniform number in [0, 1), per thread (the hits --verify_hits picks).
+double SampleUnit() {
+  thread_local uint64_t state =
+      0x9e3779b97f4a7c15ULL ^ reinterpret_cast<uintptr_t>(&state) ^
+      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return static_cast<double>(state >> 11) * 0x1.0p-53;
+}
 
 // What a lookup that waits for a tier leaves of its caller's deadline for
 // the reply.
@@ -111,7 +127,8 @@ absl::Status RequestHandler::LookupInTier(
   }
   absl::StatusOr<LookupResult> more =
       pool.cache().Lookup(request.namespace_(), keys.subspan(hits),
-                          request.acquire(), target.session->tag());
+                          request.acquire(), target.session->tag(),
+                          /*count_misses=*/false);
   if (!more.ok()) {
     // All or nothing: the first lookup's references go too.
     if (request.acquire() && !found.pages.empty()) {
@@ -124,6 +141,41 @@ absl::Status RequestHandler::LookupInTier(
   found.hits += more->hits;
   found.pages.insert(found.pages.end(), more->pages.begin(), more->pages.end());
   return absl::OkStatus();
+}
+
+void RequestHandler::VerifyHits(const CacheTarget& target, const v1::LookupRequest& request,
+                                absl::Span<const absl::string_view> keys,
+                                LookupResult& found) {
+  HostPool& pool = *target.pool;
+  // The hits picked for a check, in key order (every one at 1.0).
+  std::vector<uint64_t> picked;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < found.hits; ++i) {
+    if (verify_hits_ >= 1.0 || SampleUnit() < verify_hits_) {
+      picked.push_back(found.pages[i]);
+      index.push_back(i);
+    }
+  }
+  if (picked.empty()) return;
+  const std::vector<std::optional<uint32_t>> digests = pool.cache().DigestsOf(picked);
+  PageDigester digester(pool.geometry(), pool.base());
+  uint64_t matched = 0, unknown = 0;
+  const size_t bad = FirstMismatch(digester, picked, digests, &matched, &unknown);
+  pool.cache().CountVerified(matched, unknown);
+  if (bad == picked.size()) return;
+  const size_t at = index[bad];
+  static std::atomic<int64_t> last_log_s{0};
+  const int64_t now_s = absl::ToUnixSeconds(absl::Now());
+  if (int64_t last = last_log_s.load(); now_s - last >= 10 &&
+                                         last_log_s.compare_exchange_strong(last, now_s)) {
+    spdlog::warn("pool '{}': cached page {} (key {} in namespace '{}') no longer matches "
+                 "its digest: dropped, and a miss to the engine with the {} keys after "
+                 "it (logged at most every 10 s; hostkv stats counts them)",
+                 pool.name(), picked[bad], absl::BytesToHexString(keys[at]),
+                 request.namespace_(), found.hits - at - 1);
+  }
+  pool.cache().RejectHits(request.namespace_(), found, at, request.acquire(),
+                          target.session->tag());
 }
 
 absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
@@ -150,15 +202,20 @@ absl::StatusOr<v1::LookupResponse> RequestHandler::Lookup(
   std::vector<absl::string_view> keys(request.keys().begin(),
                                       request.keys().end());
   // With a tier that answers, the keys not found are looked up once more
-  // after the fetch, and counted then.
+  // after the fetch; with hits to check, some may not be served: the misses
+  // are counted once the hits are known.
   const bool may_fetch = tier_ != nullptr && tier_->health().up();
+  const bool verify = verify_hits_ > 0;
+  const bool count_later = may_fetch || verify;
   ASSIGN_OR_RETURN(LookupResult found,
                    pool.cache().Lookup(request.namespace_(), keys,
                                        request.acquire(), target.session->tag(),
-                                       /*count_misses=*/!may_fetch));
+                                       /*count_misses=*/!count_later));
   if (may_fetch && found.hits < keys.size()) {
     RETURN_IF_ERROR(LookupInTier(target, request, keys, deadline, found));
   }
+  if (verify && found.hits > 0) VerifyHits(target, request, keys, found);
+  if (count_later) pool.cache().CountLookupMisses(request.namespace_(), keys, found.hits);
   if (request.acquire()) UndoForEndedSession(target);
   if (tier_ != nullptr && found.hits > 0) {
     tier_->writer().OnHits(target.pool, request.namespace_(),

@@ -22,6 +22,10 @@ v1::MissReason ToProto(MissReason reason) {
       return v1::MISS_REASON_OTHER_NAMESPACE;
     case MissReason::kRefused:
       return v1::MISS_REASON_REFUSED;
+    case MissReason::kDigestMismatch:
+      return v1::MISS_REASON_DIGEST_MISMATCH;
+    case MissReason::kTierFailed:
+      return v1::MISS_REASON_TIER_FAILED;
   }
   return v1::MISS_REASON_UNSPECIFIED;
 }
@@ -32,6 +36,9 @@ void FillWhy(const MissExplanation& why, const std::string& other, absl::Time no
   if (why.reason == MissReason::kEvicted) {
     out->set_evicted_seconds_ago(absl::ToDoubleSeconds(now - why.evicted_at));
     out->set_evicted_for_session(why.evicted_for_session);
+  } else if (why.reason == MissReason::kDigestMismatch ||
+             why.reason == MissReason::kTierFailed) {
+    out->set_dropped_seconds_ago(absl::ToDoubleSeconds(now - why.evicted_at));
   }
   out->set_other_namespace(other);
 }

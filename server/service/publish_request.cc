@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/contract/status_macros.h"
 #include "server/operations/crash_point.h"
+#include "server/cache/digest_worker.h"
 #include "server/pool/pool_access.h"
 #include "server/service/request_handler.h"
 #include "server/service/request_validation.h"
@@ -179,6 +180,10 @@ absl::StatusOr<std::vector<PublishResult>> RequestHandler::PublishFresh(
     }
   }
   pool.allocator().ConfirmCached(kept);
+  // Their digests, taken off this path (DigestWorker).
+  if (digests_ != nullptr) {
+    digests_->Enqueue(target.pool, request.namespace_(), kept, published);
+  }
   if (tier_ != nullptr && !published.empty()) {
     tier_->writer().OnPublished(target.pool, request.namespace_(), published);
   }

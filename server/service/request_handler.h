@@ -24,6 +24,8 @@
 
 namespace hostkv {
 
+class DigestWorker;  // server/cache/digest_worker.h
+
 struct RequestLimits {
   // Most bytes one ReadPages/WritePages call may move.
   uint64_t max_page_io_bytes = 64ull << 20;
@@ -165,6 +167,13 @@ class RequestHandler {
   // The storage tier under every pool's page cache (null: none). Set once,
   // before requests are served; it must outlive the requests.
   void set_tier(CacheTier* tier) { tier_ = tier; }
+  // Where published pages get their digests (null: --page_digests=false),
+  // and the share of hits Lookup checks against them (0..1). Set once,
+  // before requests are served; the worker must outlive the requests.
+  void set_digests(DigestWorker* worker, double verify_hits) {
+    digests_ = worker;
+    verify_hits_ = verify_hits;
+  }
   // What this daemon adopted at start (GetPoolStats' restart). Set once,
   // before requests are served.
   void set_restart_stats(v1::RestartStats stats) { restart_ = std::move(stats); }
@@ -262,11 +271,17 @@ class RequestHandler {
   // Lookup's miss with a tier: fetches the keys after found.hits (up to
   // fetch_pages), waits up to the deadline, and looks up what follows the
   // hits again (acquiring as the request says), adding to `found`. Counts
-  // the misses that remain.
+  // no miss (Lookup counts them once its hits are checked).
   absl::Status LookupInTier(const CacheTarget& target,
                             const v1::LookupRequest& request,
                             absl::Span<const absl::string_view> keys,
                             absl::Time deadline, LookupResult& found);
+  // Lookup's check of a sampled share (--verify_hits) of its hits against
+  // their digests, before any is loaded: from the first page that does not
+  // match, the hits are not served (PageCache::RejectHits; the engine
+  // recomputes) and the page leaves the cache. A log line, rate-limited.
+  void VerifyHits(const CacheTarget& target, const v1::LookupRequest& request,
+                  absl::Span<const absl::string_view> keys, LookupResult& found);
   absl::Status CheckServing() const;
   // Waits until `import` (already out of its session) is used by no
   // operation, then closes it. DeadlineExceeded if copies run on too long.
@@ -310,6 +325,8 @@ class RequestHandler {
   DaemonMetrics* const metrics_;
   GpuBackend* const gpu_;
   CacheTier* tier_ = nullptr;
+  DigestWorker* digests_ = nullptr;
+  double verify_hits_ = 0;
   v1::RestartStats restart_;
   std::atomic<uint64_t> sessions_resumed_{0};
   std::atomic<bool> shutting_down_{false};

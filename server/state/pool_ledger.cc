@@ -34,7 +34,13 @@ struct PoolLedger::CacheRecord {
   uint64_t parent;
   uint8_t ns_size;
   uint8_t key_size;
-  uint8_t reserved[6];
+  // The page's digest (server/cache/page_digest.h) when digest_known is 1.
+  // Format 1 ledgers written before digests kept these bytes zero (and
+  // readers ignored them): such a record reads as "no digest", and a
+  // daemon of then reads this one's as it always did.
+  uint8_t digest_known;
+  uint8_t reserved;
+  uint32_t digest;
   char ns[kMaxCacheNamespaceBytes];
   char key[kMaxCacheKeyBytes];
 };
@@ -165,11 +171,26 @@ void PoolLedger::RecordCached(uint64_t page, absl::string_view name_space,
   r.parent = parent;
   r.ns_size = static_cast<uint8_t>(name_space.size());
   r.key_size = static_cast<uint8_t>(key.size());
-  std::memset(r.reserved, 0, sizeof(r.reserved));
+  r.digest_known = 0;
+  r.reserved = 0;
+  r.digest = 0;
   std::memset(r.ns, 0, sizeof(r.ns));
   std::memset(r.key, 0, sizeof(r.key));
   std::memcpy(r.ns, name_space.data(), name_space.size());
   std::memcpy(r.key, key.data(), key.size());
+  const uint64_t sum = LedgerChecksum(reinterpret_cast<const uint8_t*>(&r) + 8,
+                                      sizeof(CacheRecord) - 8, salt_ ^ page);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  r.checksum.store(sum, std::memory_order_release);
+}
+
+void PoolLedger::RecordDigest(uint64_t page, uint32_t digest) {
+  CacheRecord& r = Records()[page];
+  if (r.checksum.load(std::memory_order_relaxed) == 0) return;  // not recorded
+  r.checksum.store(0, std::memory_order_relaxed);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  r.digest = digest;
+  r.digest_known = 1;
   const uint64_t sum = LedgerChecksum(reinterpret_cast<const uint8_t*>(&r) + 8,
                                       sizeof(CacheRecord) - 8, salt_ ^ page);
   std::atomic_signal_fence(std::memory_order_seq_cst);
@@ -215,6 +236,7 @@ PoolLedger::Contents PoolLedger::Read() const {
     e.key.assign(r.key, r.key_size);
     e.parent = r.parent == CacheLedger::kNoParent ? UINT64_MAX : r.parent;
     e.use = r.use;
+    if (r.digest_known == 1) e.digest = r.digest;
     contents.entries.push_back(std::move(e));
   }
   return contents;

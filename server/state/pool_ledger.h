@@ -6,7 +6,8 @@
 // Layout: a 4 KiB header (format, the pool's spec and owner, a checksum);
 // one 8-byte owner word per page (the owner's tag and a check of the page
 // number and tag, so a torn or flipped word is found); one 224-byte cache
-// record per page (namespace, key, parent, last use, checksummed). Words are
+// record per page (namespace, key, parent, last use, the page's digest once
+// known, checksummed). Words are
 // stored whole, records checksum last: a daemon killed at any instant
 // leaves each page either proven (as it was before or after the change) or
 // unproven, and an unproven page is zeroed and freed, never served.
@@ -66,6 +67,7 @@ class PoolLedger final : public PageLedger, public CacheLedger {
                     absl::string_view key, uint64_t parent,
                     uint64_t use) override;
   void RecordEvicted(uint64_t page) override;
+  void RecordDigest(uint64_t page, uint32_t digest) override;
 
   // For tests (and the fuzzer): this build's layout word.
   static uint64_t Layout();

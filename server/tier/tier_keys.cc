@@ -31,11 +31,16 @@ std::string Sha256(absl::string_view text) {
 }  // namespace
 
 uint64_t PoolFingerprint(const HostPool& pool) {
-  const v1::Geometry& geometry = pool.info().spec().geometry();
-  const uint32_t rope =
-      geometry.has_mla() ? geometry.mla().qk_rope_head_dim() : 0;
-  return GeometryFingerprint(pool.geometry(),
-                             static_cast<uint32_t>(geometry.dtype()), rope);
+  return pool.info().layout_fingerprint();  // HostPool::InfoOf's
+}
+
+std::string ValueBinding(const TierKey& key) {
+  std::string out;
+  const uint64_t n = key.name_space.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(n >> (8 * i)));
+  out += key.name_space;
+  out += key.key;
+  return out;
 }
 
 TierKey ToTierKey(uint64_t fingerprint, absl::string_view scope,

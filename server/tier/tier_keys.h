@@ -4,6 +4,7 @@
 #define HOSTKV_SERVER_TIER_TIER_KEYS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "server/pool/host_pool.h"
@@ -25,6 +26,10 @@ uint64_t PoolFingerprint(const HostPool& pool);
 // namespace and it stays within what every store takes (the file tier's
 // names: 120 bytes): 'r', scope, ':', namespace while that fits in 112
 // bytes, else 'h' and the SHA-256 of scope, ':', namespace (32 bytes).
+// What a value stored under `key` is bound to (tier_value.h's key check):
+// its namespace and key, length-prefixed.
+std::string ValueBinding(const TierKey& key);
+
 TierKey ToTierKey(uint64_t fingerprint, absl::string_view scope,
                   absl::string_view name_space, absl::string_view key);
 

@@ -101,6 +101,7 @@ uint64_t TierReader::Fetch(const Job& job) {
   counters_->get_latency.Record(absl::Now() - start);
   // The usable prefix; every key is counted by what became of it.
   std::vector<absl::string_view> pages;
+  std::vector<uint32_t> digests;  // the values' checksums: the pages' digests
   std::vector<absl::Status> outcomes;
   uint64_t misses = 0, corrupt = 0, failures = 0, bytes = 0;
   std::vector<TierKey> damaged_keys;
@@ -110,17 +111,23 @@ uint64_t TierReader::Fetch(const Job& job) {
     absl::StatusOr<absl::string_view> page;
     if (status.ok()) {
       bytes += values[i]->size();
-      page = UnframeValue(*values[i], fingerprint, page_bytes);
+      page = UnframeValue(*values[i], fingerprint, page_bytes, ValueBinding(tier_keys[i]));
       status = page.status();
     }
     if (status.ok() && pages.size() == i) {
       pages.push_back(*page);
+      digests.push_back(FrameChecksum(*values[i]));
       continue;
+    }
+    if (!status.ok() && !absl::IsNotFound(status)) {
+      // Its next miss says the tier failed it (hostkv why).
+      pool.cache().NoteDropped(job.name_space, job.keys[i], MissReason::kTierFailed);
     }
     if (status.ok() || absl::IsNotFound(status)) {
       ++misses;  // absent, or present past the first gap (not served)
     } else if (absl::IsDataLoss(status)) {
       ++corrupt;
+      pool.cache().CountTierRefused(1);
       // A damaged value (torn, corrupted) goes, so that the next writer of
       // the key replaces it; another writer's (version, geometry) stays.
       const bool damaged =
@@ -150,13 +157,14 @@ uint64_t TierReader::Fetch(const Job& job) {
   counters_->read_failures.fetch_add(failures);
   counters_->read_bytes.fetch_add(bytes);
   if (pages.empty()) return 0;
-  const uint64_t published = Publish(job, pages);
+  const uint64_t published = Publish(job, pages, digests);
   counters_->read_hits.fetch_add(published);
   return published;
 }
 
 uint64_t TierReader::Publish(const Job& job,
-                             const std::vector<absl::string_view>& pages) {
+                             const std::vector<absl::string_view>& pages,
+                             const std::vector<uint32_t>& digests) {
   HostPool& pool = *job.pool;
   if (absl::Status s =
           pool.namespaces().ClaimOrCheck(pool.name(), job.name_space, job.who);
@@ -225,6 +233,9 @@ uint64_t TierReader::Publish(const Job& job,
   for (size_t i = 0; i < results->size(); ++i) {
     if ((*results)[i].outcome != PublishOutcome::kCached) {
       unused.push_back(targets[i]);
+    } else {
+      // The value's checksum, checked against its bytes: the page's digest.
+      pool.cache().SetDigest(targets[i], job.keys[i], digests[i]);
     }
   }
   if (!unused.empty()) give_back(ToPageRuns(unused));

@@ -89,10 +89,12 @@ class TierReader {
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   // The job's pages published (see the file comment).
   uint64_t Fetch(const Job& job);
-  // Copies the values into free pages of the pool and publishes them;
-  // returns how many were published.
+  // Copies the values into free pages of the pool and publishes them, each
+  // with its digest (the value's checked checksum); returns how many were
+  // published.
   uint64_t Publish(const Job& job,
-                   const std::vector<absl::string_view>& pages);
+                   const std::vector<absl::string_view>& pages,
+                   const std::vector<uint32_t>& digests);
 
   const TierConfig config_;
   PageTier* const tier_;

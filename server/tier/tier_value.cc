@@ -55,14 +55,22 @@ uint64_t GeometryFingerprint(const PoolGeometry& g, uint32_t dtype,
   return Fnv1a(e);
 }
 
-std::string FrameValue(uint64_t fingerprint, absl::string_view page) {
-  return FrameValueFilled(fingerprint, page.size(), [&](char* out) {
-    std::memcpy(out, page.data(), page.size());
-  });
+std::string FrameValue(uint64_t fingerprint, absl::string_view page,
+                       absl::string_view binding) {
+  return FrameValueFilled(
+      fingerprint, page.size(),
+      [&](char* out) { std::memcpy(out, page.data(), page.size()); }, binding);
+}
+
+uint32_t ValueKeyCheck(absl::string_view binding, uint32_t crc) {
+  std::string le;
+  AppendLe(&le, crc, 4);
+  return Crc32cExtend(Crc32c(binding.data(), binding.size()), le.data(), le.size());
 }
 
 std::string FrameValueFilled(uint64_t fingerprint, uint64_t page_bytes,
-                             absl::FunctionRef<void(char* page)> fill) {
+                             absl::FunctionRef<void(char* page)> fill,
+                             absl::string_view binding) {
   std::string header;
   header.reserve(kTierValueHeaderBytes);
   std::string out(kTierValueHeaderBytes + page_bytes, '\0');
@@ -72,23 +80,30 @@ std::string FrameValueFilled(uint64_t fingerprint, uint64_t page_bytes,
   AppendLe(&header, kTierValueVersion, 4);
   AppendLe(&header, fingerprint, 8);
   AppendLe(&header, page_bytes, 8);
-  AppendLe(&header, Crc32c(page, page_bytes), 4);
-  AppendLe(&header, 0, 4);
+  const uint32_t crc = Crc32c(page, page_bytes);
+  AppendLe(&header, crc, 4);
+  AppendLe(&header, ValueKeyCheck(binding, crc), 4);
   std::memcpy(out.data(), header.data(), kTierValueHeaderBytes);
   return out;
+}
+
+uint32_t FrameChecksum(absl::string_view value) {
+  return static_cast<uint32_t>(ReadLe(value.data() + 24, 4));
 }
 
 bool IsForeignValue(absl::string_view value, uint64_t expected_fingerprint) {
   if (value.size() < kTierValueHeaderBytes) return false;
   const char* h = value.data();
   return std::memcmp(h, kTierValueMagic, sizeof(kTierValueMagic)) != 0 ||
-         ReadLe(h + 4, 4) != kTierValueVersion ||
+         (ReadLe(h + 4, 4) != kTierValueVersion &&
+          ReadLe(h + 4, 4) != kTierValueVersionUnbound) ||
          ReadLe(h + 8, 8) != expected_fingerprint;
 }
 
 absl::StatusOr<absl::string_view> UnframeValue(absl::string_view value,
                                                uint64_t expected_fingerprint,
-                                               uint64_t expected_page_bytes) {
+                                               uint64_t expected_page_bytes,
+                                               absl::string_view binding) {
   if (value.size() < kTierValueHeaderBytes) {
     return absl::DataLossError(absl::StrFormat(
         "tier value: truncated header (%d bytes, the header is %d)",
@@ -98,10 +113,11 @@ absl::StatusOr<absl::string_view> UnframeValue(absl::string_view value,
   if (std::memcmp(h, kTierValueMagic, sizeof(kTierValueMagic)) != 0) {
     return Mismatch("magic", ReadLe(h, 4), ReadLe(kTierValueMagic, 4));
   }
-  if (uint64_t v = ReadLe(h + 4, 4); v != kTierValueVersion) {
-    return Mismatch("version", v, kTierValueVersion);
+  const uint64_t version = ReadLe(h + 4, 4);
+  if (version != kTierValueVersion && version != kTierValueVersionUnbound) {
+    return Mismatch("version", version, kTierValueVersion);
   }
-  if (uint64_t r = ReadLe(h + 28, 4); r != 0) {
+  if (uint64_t r = ReadLe(h + 28, 4); version == kTierValueVersionUnbound && r != 0) {
     return Mismatch("reserved", r, 0);
   }
   if (uint64_t f = ReadLe(h + 8, 8); f != expected_fingerprint) {
@@ -121,6 +137,11 @@ absl::StatusOr<absl::string_view> UnframeValue(absl::string_view value,
   const uint32_t crc = Crc32c(page.data(), page.size());
   if (uint64_t c = ReadLe(h + 24, 4); c != crc) {
     return Mismatch("checksum", c, crc);
+  }
+  if (version == kTierValueVersion) {
+    if (uint64_t k = ReadLe(h + 28, 4); k != ValueKeyCheck(binding, crc)) {
+      return Mismatch("key", k, ValueKeyCheck(binding, crc));
+    }
   }
   return page;
 }

@@ -180,21 +180,37 @@ void TierWriter::WriteGroup(absl::Span<const Item> items) {
     return;
   }
   const PoolGeometry& g = pool.geometry();
+  // The digests taken at publish: a page whose bytes no longer match is
+  // not written (nor served again).
+  const std::vector<std::optional<uint32_t>> digests = pool.cache().DigestsOf(*pages);
   std::vector<TierKey> tier_keys;
   std::vector<std::string> values;
   std::vector<PageRun> held;
+  uint64_t mismatched = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const uint64_t page = (*pages)[i];
     if (page == PageCache::kNotCached) continue;
     held.push_back({page, 1});
+    std::string value = FrameValueFilled(
+        fingerprint, g.page_bytes(),
+        [&](char* flat) {
+          CopyPageToFlat(g, pool.base(), page, reinterpret_cast<uint8_t*>(flat));
+        },
+        ValueBinding(all_keys[skip + i]));
+    if (digests[i].has_value() && FrameChecksum(value) != *digests[i]) {
+      pool.cache().DropMismatched(name_space, keys[i], page);
+      ++mismatched;
+      continue;
+    }
     tier_keys.push_back(std::move(all_keys[skip + i]));
-    values.push_back(
-        FrameValueFilled(fingerprint, g.page_bytes(), [&](char* flat) {
-          CopyPageToFlat(g, pool.base(), page,
-                         reinterpret_cast<uint8_t*>(flat));
-        }));
+    values.push_back(std::move(value));
   }
-  counters_->writes_skipped.fetch_add(items.size() - held.size());
+  if (mismatched > 0) {
+    spdlog::warn("tier {}: {} pages of namespace '{}' of pool '{}' no longer match their "
+                 "digests: not written, dropped from the cache", tier_->Describe(),
+                 mismatched, std::string(name_space), pool.name());
+  }
+  counters_->writes_skipped.fetch_add(items.size() - values.size());
   if (!held.empty()) {
     if (absl::Status s = pool.cache().Release(kTierOwner, held).status();
         !s.ok()) {

@@ -15,14 +15,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "server/cache/page_digest.h"
 #include "server/pool/pool_registry.h"
 #include "server/pool/pool_spec.h"
 #include "server/state/daemon_ledger.h"
 #include "server/state/pool_ledger.h"
+#include "server/tier/crc32c.h"
 
 namespace hostkv {
 namespace {
@@ -98,6 +101,15 @@ const std::vector<uint8_t>& PoolLedgerBytes() {
     (*ledger)->RecordCached(7, "ns", "c", 6, 3);
     (*ledger)->RecordCached(8, "other", "a", CacheLedger::kNoParent, 4);
     (*ledger)->RecordCached(3, "ns", "d", CacheLedger::kNoParent, 5);  // not cached
+    // Digests: pages 5 and 6 their bytes' (number + 1 each), page 7 one its
+    // bytes do not match (a page changed after its digest: never adopted),
+    // page 8 none (adopted unchecked).
+    const uint64_t page_bytes = ResolvePoolSpec(Spec())->page_bytes();
+    for (uint64_t page : {5, 6}) {
+      const std::string bytes(page_bytes, static_cast<char>(page + 1));
+      (*ledger)->RecordDigest(page, Crc32c(bytes.data(), bytes.size()));
+    }
+    (*ledger)->RecordDigest(7, 0x7777);
     return new std::vector<uint8_t>(ReadAll((*ledger)->fd()));
   }();
   return *bytes;
@@ -139,8 +151,12 @@ void FuzzPoolLedger(const uint8_t* data, size_t size) {
   FUZZ_CHECK(o.free_pages + owned + o.cached_pages == pages);
   FUZZ_CHECK(p.cache().CheckConsistency().ok());
   FUZZ_CHECK(p.cache().cached_pages() == o.cached_pages);
+  PageDigester digester(p.geometry(), p.base());
   for (uint64_t page = 0; page < pages; ++page) {
     if (!p.cache().IsCached(page)) continue;
+    // A cached page matches the digest it was adopted with, if any.
+    const std::optional<uint32_t> digest = p.cache().DigestsOf({page})[0];
+    FUZZ_CHECK(!digest.has_value() || *digest == digester.Digest(page));
     // A cached page kept its bytes.
     const uint8_t* b = p.base() + page * page_bytes;
     for (uint64_t i = 0; i < page_bytes; ++i) {

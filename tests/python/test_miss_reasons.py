@@ -141,7 +141,8 @@ def test_prometheus_counts_missed_lookups_by_reason(daemon):
     reasons = {}
     for _, labels, value in missed["samples"]:
         reasons[labels["reason"]] = reasons.get(labels["reason"], 0) + value
-    assert set(reasons) == {"never_published", "evicted", "other_namespace", "refused"}
+    assert set(reasons) == {"never_published", "evicted", "other_namespace", "refused",
+                            "digest_mismatch", "tier_failed"}
     assert reasons["never_published"] >= 1
     assert "hostkv_cache_lookups_total" in families
     assert "hostkv_cache_reusable_lookups_total" in families

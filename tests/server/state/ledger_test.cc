@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,36 @@ TEST(PoolLedgerTest, AFlippedByteIsUnprovenNeverTrusted) {
   EXPECT_EQ(c.owners[0], 3u);
   EXPECT_EQ(c.unproven_entries, 1u);
   EXPECT_TRUE(c.entries.empty());
+}
+
+// A page's digest rides in its cache record: recorded after the key, read
+// back with it, gone with a new record of the page; a record without one
+// (its bytes zero, as a daemon before digests wrote it) reads as "no
+// digest"; a flipped digest byte makes the record unproven.
+TEST(PoolLedgerTest, DigestsReadBackWithTheirRecords) {
+  ASSIGN_OR_FAIL(ledger, PoolLedger::Create(Spec("a"), {}, 8));
+  ledger->RecordOwner(0, 8, kCacheOwner);
+  ledger->RecordCached(1, "ns", "with", CacheLedger::kNoParent, 1);
+  ledger->RecordCached(2, "ns", "without", CacheLedger::kNoParent, 2);
+  ledger->RecordCached(3, "ns", "again", CacheLedger::kNoParent, 3);
+  ledger->RecordDigest(1, 0xDEADBEEF);
+  ledger->RecordDigest(3, 0x12345678);
+  ledger->RecordCached(3, "ns", "again", CacheLedger::kNoParent, 4);  // republished
+  ledger->RecordDigest(5, 0x1);  // no record: nothing written
+  ASSIGN_OR_FAIL(reopened, PoolLedger::Open(Dup(ledger->fd()), "a"));
+  PoolLedger::Contents c = reopened->Read();
+  ASSERT_EQ(c.entries.size(), 3u);
+  EXPECT_EQ(c.entries[0].digest, std::optional<uint32_t>(0xDEADBEEF));
+  EXPECT_EQ(c.entries[1].digest, std::nullopt);
+  EXPECT_EQ(c.entries[2].digest, std::nullopt);
+  EXPECT_EQ(c.unproven_entries, 0u);
+  std::vector<uint8_t> bytes = Contents(ledger->fd());
+  bytes[8192 + 224 * 1 + 28] ^= 0x04;  // a byte of page 1's digest
+  ASSIGN_OR_FAIL(flipped, PoolLedger::Open(SealedCopy(bytes), "a"));
+  c = flipped->Read();
+  EXPECT_EQ(c.unproven_entries, 1u);
+  ASSERT_EQ(c.entries.size(), 2u);
+  EXPECT_EQ(c.entries[0].page, 2u);
 }
 
 TEST(PoolLedgerTest, ATruncatedOrForeignLedgerIsRefused) {

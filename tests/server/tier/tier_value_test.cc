@@ -74,7 +74,7 @@ TEST_F(TierValueTest, EmptyPageRoundTrips) {
 TEST_F(TierValueTest, HeaderIsLittleEndian) {
   const std::string value = FrameValue(0x0102030405060708ull, "abc");
   const unsigned char* h = reinterpret_cast<const unsigned char*>(value.data());
-  EXPECT_EQ(1, h[4]);  // version 1
+  EXPECT_EQ(2, h[4]);  // version 2
   EXPECT_EQ(0, h[5]);
   EXPECT_EQ(0x08, h[8]);
   EXPECT_EQ(0x01, h[15]);
@@ -83,7 +83,9 @@ TEST_F(TierValueTest, HeaderIsLittleEndian) {
   uint32_t stored =
       h[24] | h[25] << 8 | h[26] << 16 | static_cast<uint32_t>(h[27]) << 24;
   EXPECT_EQ(crc, stored);
-  EXPECT_EQ(0, h[28] | h[29] | h[30] | h[31]);
+  const uint32_t check =
+      h[28] | h[29] << 8 | h[30] << 16 | static_cast<uint32_t>(h[31]) << 24;
+  EXPECT_EQ(ValueKeyCheck("", crc), check);
 }
 
 // Each header field, one byte of it changed: a miss naming that field.
@@ -96,7 +98,7 @@ TEST_F(TierValueTest, EveryCorruptedHeaderFieldIsDataLossNamingIt) {
   };
   const Field fields[] = {{0, 4, "magic"},     {4, 4, "version"},
                           {8, 8, "geometry"},  {16, 8, "page bytes"},
-                          {24, 4, "checksum"}, {28, 4, "reserved"}};
+                          {24, 4, "checksum"}, {28, 4, "key"}};
   for (const Field& f : fields) {
     for (size_t i = f.offset; i < f.offset + f.size; ++i) {
       std::string bad = good;
@@ -150,9 +152,9 @@ TEST_F(TierValueTest, ForeignValuesAreToldFromDamagedOnes) {
   EXPECT_FALSE(IsForeignValue(value, fingerprint_));
   // Another writer's: another geometry, version or magic (kept by readers).
   EXPECT_TRUE(IsForeignValue(FrameValue(fingerprint_ + 1, page_), fingerprint_));
-  std::string v2 = value;
-  v2[4] = 2;
-  EXPECT_TRUE(IsForeignValue(v2, fingerprint_));
+  std::string v3 = value;
+  v3[4] = 3;
+  EXPECT_TRUE(IsForeignValue(v3, fingerprint_));
   std::string magic = value;
   magic[0] = 'X';
   EXPECT_TRUE(IsForeignValue(magic, fingerprint_));
@@ -240,6 +242,53 @@ TEST(Crc32cTest, SoftwareEqualsHardwareOnManyLengthsAndAlignments) {
     ASSERT_EQ(Crc32cSoftware(p, 4096), Crc32cHardware(p, 4096));
   }
   EXPECT_EQ(16 * 301, checked);
+}
+
+// From 3 x 4,096 bytes on, the hardware path runs three interleaved
+// chains joined by a shift table: the same checksum as the tables'.
+TEST(Crc32cTest, LongInputsRunAsThreeChainsWithTheSameChecksum) {
+  if (!Crc32cHardwareAvailable()) GTEST_SKIP() << "no SSE4.2 on this CPU";
+  const std::string buffer = RandomBytes(5 * 12288 + 64, 13);
+  for (size_t offset : {size_t{0}, size_t{3}, size_t{8}}) {
+    for (size_t len : {size_t{12287}, size_t{12288}, size_t{12289}, size_t{24576 + 100},
+                       size_t{5 * 12288}}) {
+      const char* p = buffer.data() + offset;
+      ASSERT_EQ(Crc32cSoftware(p, len), Crc32cHardware(p, len))
+          << "offset " << offset << " length " << len;
+      ASSERT_EQ(Crc32cSoftware(p, len), Crc32cExtend(Crc32c(p, 5000), p + 5000, len - 5000));
+    }
+  }
+  const std::string zeros(3 * 12288, '\0');
+  EXPECT_EQ(Crc32cSoftware(zeros.data(), zeros.size()),
+            Crc32cHardware(zeros.data(), zeros.size()));
+}
+
+// A whole frame under another key (a store that mixed keys up, a value
+// copied over another's): its checksum matches its bytes, its key check
+// does not.
+TEST_F(TierValueTest, AValueBoundToAnotherKeyIsDataLossNamingTheKey) {
+  const std::string value = FrameValue(fingerprint_, page_, "tier-key-a");
+  EXPECT_OK(UnframeValue(value, fingerprint_, page_.size(), "tier-key-a"));
+  auto r = UnframeValue(value, fingerprint_, page_.size(), "tier-key-b");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(absl::StatusCode::kDataLoss, r.status().code());
+  EXPECT_NE(std::string::npos, r.status().message().find("key")) << r.status();
+  EXPECT_FALSE(IsForeignValue(value, fingerprint_));
+  // Its checksum is the page's digest (server/cache/page_digest.h).
+  EXPECT_EQ(Crc32c(page_.data(), page_.size()), FrameChecksum(value));
+}
+
+// Version 1 values (before the key check) are still read, without it.
+TEST_F(TierValueTest, Version1ValuesAreReadWithoutAKeyCheck) {
+  std::string v1 = FrameValue(fingerprint_, page_, "tier-key-a");
+  v1[4] = 1;
+  for (int i = 28; i < 32; ++i) v1[i] = 0;
+  EXPECT_OK(UnframeValue(v1, fingerprint_, page_.size(), "tier-key-b"));
+  EXPECT_FALSE(IsForeignValue(v1, fingerprint_));
+  v1[29] = 1;
+  auto r = UnframeValue(v1, fingerprint_, page_.size(), "tier-key-b");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string::npos, r.status().message().find("reserved")) << r.status();
 }
 
 }  // namespace
