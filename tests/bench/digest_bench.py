@@ -28,6 +28,7 @@ digests add per GB. Asserts no timing.
 
   python3 tests/bench/digest_bench.py [--build_dir=build] [--rounds=7]
 """
+import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
 import os
 import shutil
