@@ -235,7 +235,7 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
                                             &MemoryBudget::SystemAvailableBytes);
   RETURN_IF_ERROR(StartGpuBackend(o, d));
   d.pools = std::make_unique<PoolRegistry>(
-      d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()),
+      d.budget.get(), prefix, o.pool_fill,
       d.gpu.get(), o.quota, o.cache);
   d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records,
                                                  o.sessions, d.budget.get());

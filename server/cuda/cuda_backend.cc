@@ -113,10 +113,11 @@ std::string CudaBackend::Describe() const {
 
 std::unique_ptr<PoolPinning> CudaBackend::StartPinning(
     const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+    std::function<absl::Status()> wait_resident,
     std::function<void(bool ok)> done) {
   return std::make_unique<CudaPoolPinning>(
       pool, base, bytes, PlanPinChunks(bytes, align, options_.pin_chunk_bytes),
-      std::move(done));
+      std::move(wait_resident), std::move(done));
 }
 
 absl::StatusOr<int> CudaBackend::ResolveDevice(const GpuBufferRef& ref,

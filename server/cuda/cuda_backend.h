@@ -39,6 +39,7 @@ class CudaBackend : public GpuBackend {
   std::string Describe() const override;
   std::unique_ptr<PoolPinning> StartPinning(
       const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+      std::function<absl::Status()> wait_resident,
       std::function<void(bool ok)> done) override;
   absl::StatusOr<std::unique_ptr<DeviceImport>> OpenImport(
       std::shared_ptr<HostPool> pool, const GpuImportSpec& spec) override;

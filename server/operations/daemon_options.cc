@@ -214,8 +214,51 @@ ABSL_FLAG(int, max_passed_fds_per_uid, 1024,
           "a quarter of what all uids may: a quarter of the descriptor "
           "limit)");
 
+// Pools' memory: made resident in the background (server/README.md,
+// "Pools: sizing and start").
+ABSL_FLAG(int, pool_fill_threads, 0,
+          "threads making one pool's memory resident (MADV_POPULATE_WRITE) "
+          "after CreatePool returns; 0 (default): one per CPU the daemon may "
+          "run on (its affinity mask)");
+ABSL_FLAG(std::string, pool_fill_chunk, "64MiB",
+          "a pool's pages are handed out in chunks of about this many bytes "
+          "as each turns resident (default 64MiB, at least 1MiB)");
+ABSL_FLAG(absl::Duration, pool_fill_wait, absl::Seconds(60),
+          "how long an Alloc waits for a filling pool's pages when it does "
+          "not say (AllocRequest.fill_wait_ms 0, fill_no_wait unset); "
+          "default 60s");
+
 namespace hostkv {
 namespace {
+
+const std::vector<std::string> kPoolFillFlagNames = {
+    "pool_fill_threads", "pool_fill_chunk", "pool_fill_wait"};
+
+unsigned UsableCpus();
+
+absl::Status ReadPoolFillFlags(DaemonOptions& o) {
+  const int threads = absl::GetFlag(FLAGS_pool_fill_threads);
+  if (threads < 0 || threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pool_fill_threads must be in [0, 1024] (0 = one per CPU), got ",
+        threads));
+  }
+  o.pool_fill.threads = threads > 0 ? static_cast<unsigned>(threads) : UsableCpus();
+  absl::StatusOr<uint64_t> chunk = ParseByteSize(absl::GetFlag(FLAGS_pool_fill_chunk));
+  if (!chunk.ok() || *chunk < (1u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pool_fill_chunk must be a size of at least 1MiB, got '",
+        absl::GetFlag(FLAGS_pool_fill_chunk), "'"));
+  }
+  o.pool_fill.chunk_bytes = *chunk;
+  o.limits.fill_wait = absl::GetFlag(FLAGS_pool_fill_wait);
+  if (o.limits.fill_wait < absl::ZeroDuration() ||
+      o.limits.fill_wait > absl::Minutes(10)) {
+    return absl::InvalidArgumentError(
+        "--pool_fill_wait must be in [0, 10m]");
+  }
+  return absl::OkStatus();
+}
 
 const std::vector<std::string> kDescriptorFlagNames = {
     "max_refused_fds_per_uid", "max_passed_fds_per_uid"};
@@ -563,6 +606,7 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
   o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
   RETURN_IF_ERROR(ReadTenantLimits(o));
   RETURN_IF_ERROR(ReadDescriptorLimits(o));
+  RETURN_IF_ERROR(ReadPoolFillFlags(o));
   if (o.limits.session_lease < absl::Seconds(1)) {
     return absl::InvalidArgumentError("--session_lease must be at least 1s");
   }
@@ -641,6 +685,7 @@ const std::vector<std::string>& DaemonFlagNames() {
     all->insert(all->end(), TierFlagNames().begin(), TierFlagNames().end());
     all->insert(all->end(), kDescriptorFlagNames.begin(),
                 kDescriptorFlagNames.end());
+    all->insert(all->end(), kPoolFillFlagNames.begin(), kPoolFillFlagNames.end());
     return all;
   }();
   return *names;

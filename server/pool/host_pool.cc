@@ -27,17 +27,35 @@ constexpr uint64_t kScrubBatchBytes = 8 << 20;
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
     const v1::PoolSpec& spec, const PoolGeometry& geometry,
-    const std::string& segment_label, unsigned prefault_threads,
+    const std::string& segment_label, const PoolFillOptions& fill,
     BudgetReservation reservation, const CacheOptions& cache_options) {
   ASSIGN_OR_RETURN(std::unique_ptr<PageCache> cache,
                    PageCache::Create(geometry.num_pages()));
   ASSIGN_OR_RETURN(ShmSegment segment,
-                   ShmSegment::CreateSealed(segment_label, geometry.total_bytes()));
-  segment.Prefault(prefault_threads);
+                   ShmSegment::CreateSealed(segment_label, geometry.total_bytes(),
+                                            /*reserve=*/false));
   v1::Pool info = InfoOf(spec, geometry, segment);
-  return std::unique_ptr<HostPool>(
-      new HostPool(std::move(info), geometry, std::move(segment),
-                   std::move(reservation), std::move(cache), cache_options));
+  std::unique_ptr<HostPool> pool(new HostPool(
+      std::move(info), geometry, std::move(segment), std::move(reservation),
+      std::move(cache), cache_options, /*resident=*/false));
+  pool->StartFill(fill);
+  return pool;
+}
+
+void HostPool::StartFill(const PoolFillOptions& options) {
+  fill_ = std::make_unique<PoolFill>(
+      name(), geometry_, segment_.data(), segment_.fd(), options,
+      [this](const PageRun& chunk) { allocator_.AddResident(chunk); },
+      [this](const absl::Status&) { allocator_.EndFill(); });
+}
+
+PoolFill::Progress HostPool::fill_progress() const {
+  return fill_ != nullptr ? fill_->progress()
+                          : AdoptedFillProgress(geometry_.num_pages());
+}
+
+absl::Status HostPool::WaitFilled() const {
+  return fill_ != nullptr ? fill_->Wait() : absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Adopt(
@@ -57,7 +75,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Adopt(
   v1::Pool info = InfoOf(spec, geometry, segment);
   return std::unique_ptr<HostPool>(
       new HostPool(std::move(info), geometry, std::move(segment),
-                   std::move(reservation), std::move(cache), cache_options));
+                   std::move(reservation), std::move(cache), cache_options,
+                   /*resident=*/true));
 }
 
 v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry,
@@ -77,7 +96,12 @@ v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry
   return info;
 }
 
-HostPool::~HostPool() = default;
+HostPool::~HostPool() {
+  // The fill's threads stop first (they hand pages to the allocator, and a
+  // pinning thread may wait for them), then pinning, then the rest.
+  if (fill_ != nullptr) fill_->Stop();
+  pinning_.reset();
+}
 
 void HostPool::set_ledger(std::unique_ptr<PoolLedger> ledger) {
   ledger_ = std::move(ledger);
@@ -93,14 +117,17 @@ absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {
 HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
                    ShmSegment segment, BudgetReservation reservation,
                    std::unique_ptr<PageCache> cache,
-                   const CacheOptions& cache_options)
+                   const CacheOptions& cache_options, bool resident)
     : info_(std::move(info)),
       geometry_(geometry),
       segment_(std::move(segment)),
       reservation_(std::move(reservation)),
-      allocator_(geometry.num_pages(), [this](const PageRun& run) {
-        ZeroPages(geometry_, segment_.data(), run);
-      }),
+      allocator_(
+          geometry.num_pages(),
+          [this](const PageRun& run) {
+            ZeroPages(geometry_, segment_.data(), run);
+          },
+          resident),
       cache_(std::move(cache)),
       namespaces_(cache_options.namespaces != nullptr
                       ? cache_options.namespaces

@@ -29,11 +29,11 @@ std::string PoolLedgerKeepName(const std::string& pool) {
 }
 
 PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-                           unsigned prefault_threads, GpuBackend* gpu,
+                           PoolFillOptions fill, GpuBackend* gpu,
                            PoolQuota quota, CacheOptions cache_options)
     : budget_(budget),
       segment_prefix_(std::move(segment_prefix)),
-      prefault_threads_(prefault_threads),
+      fill_(fill),
       gpu_(gpu),
       quota_(quota),
       cache_options_(WithNamespaceOwners(std::move(cache_options))) {}
@@ -171,7 +171,7 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
       HostPool::Create(spec, geometry,
                        absl::StrCat(absl::StripPrefix(segment_prefix_, "/"), "pool.",
                                     spec.name()),
-                       prefault_threads_, std::move(reservation),
+                       fill_, std::move(reservation),
                        cache_options_));
   spdlog::info(
       "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
@@ -221,9 +221,13 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Publish(
   if (gpu_ != nullptr) {
     // NOT_SERVING until pinned; `done` runs on the pinning thread, which
     // the pool joins before it goes away.
+    // The pinning thread waits for the fill; the pool stops its fill
+    // before it destroys the pinning, so `filled` outlives every call.
+    const HostPool* filled = pool.get();
     pool->set_pinning(gpu_->StartPinning(
         spec.name(), pool->base(), pool->geometry().total_bytes(),
         pool->geometry().page_bytes(),
+        [filled] { return filled->WaitFilled(); },
         [this, name = spec.name()](bool) { Notify(name); }));
   }
   std::shared_ptr<HostPool> shared = std::move(pool);
