@@ -3,15 +3,20 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace hostkv {
+namespace {
+constexpr uint64_t kHugetlbfsMagic = 0x958458f6;  // linux/magic.h
+}  // namespace
 
 ScopedFd::~ScopedFd() {
   if (fd_ >= 0) close(fd_);
@@ -93,9 +98,11 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
 
 absl::StatusOr<ShmSegment> ShmSegment::CreateSealed(const std::string& label,
                                                     uint64_t size,
-                                                    bool reserve) {
+                                                    bool reserve,
+                                                    unsigned memfd_flags) {
   const std::string name = "memfd:" + label;
-  ScopedFd fd(memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ScopedFd fd(memfd_create(label.c_str(),
+                           MFD_CLOEXEC | MFD_ALLOW_SEALING | memfd_flags));
   if (fd.get() < 0) return ErrnoStatus(errno, "memfd_create " + label);
   // A memfd is 0777: others could reopen a read-only descriptor read-write
   // through /proc/<pid>/fd.
@@ -226,7 +233,13 @@ absl::StatusOr<ShmSegment> ShmSegment::MapDescriptor(int fd, const std::string& 
         "bytes [", offset, ", +", length, ") are not within shm segment ",
         name, " of ", file_size, " bytes"));
   }
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // A hugetlbfs file (a hugetlb memfd) maps only at multiples of its page
+  // size, which statfs gives as the block size.
+  uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  struct statfs fs;
+  if (fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic) {
+    page = std::max<uint64_t>(page, static_cast<uint64_t>(fs.f_bsize));
+  }
   const uint64_t map_offset = offset / page * page;
   // No overflow: offset + length <= file_size < 2^63.
   const uint64_t map_bytes = offset + length - map_offset;

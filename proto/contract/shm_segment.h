@@ -53,9 +53,12 @@ class ShmSegment {
   // read-write. Nobody can open it by name, and no descriptor of it, even a
   // read-write one, can cut it short under this mapping (SIGBUS). fd() is
   // its descriptor; ReopenFd hands out new ones. name() is "memfd:<label>".
+  // `memfd_flags` are added to memfd_create's (MFD_HUGETLB and a size:
+  // `size` must then be a multiple of that page size).
   static absl::StatusOr<ShmSegment> CreateSealed(const std::string& label,
                                                  uint64_t size,
-                                                 bool reserve = true);
+                                                 bool reserve = true,
+                                                 unsigned memfd_flags = 0);
 
   // Opens and maps an existing segment, read-write or read-only; the
   // segment is not unlinked later. Returns NotFound, PermissionDenied or

@@ -99,6 +99,16 @@ CudaBackend::~CudaBackend() {
   for (auto& [owner, last] : last_op_) cudaEventDestroy(last.event);
 }
 
+std::string CudaBackend::PciBusId() const {
+  char id[64] = {0};
+  if (devices_.empty() ||
+      cudaDeviceGetPCIBusId(id, sizeof(id), devices_[0].ordinal) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: cleared
+    return "";
+  }
+  return id;
+}
+
 std::string CudaBackend::Describe() const {
   std::string out = absl::StrCat(devices_.size(), " CUDA device",
                                  devices_.size() == 1 ? "" : "s", ":");

@@ -37,6 +37,7 @@ class CudaBackend : public GpuBackend {
   ~CudaBackend() override;
 
   std::string Describe() const override;
+  std::string PciBusId() const override;
   std::unique_ptr<PoolPinning> StartPinning(
       const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
       std::function<absl::Status()> wait_resident,

@@ -227,12 +227,23 @@ ABSL_FLAG(absl::Duration, pool_fill_wait, absl::Seconds(60),
           "how long an Alloc waits for a filling pool's pages when it does "
           "not say (AllocRequest.fill_wait_ms 0, fill_no_wait unset); "
           "default 60s");
+ABSL_FLAG(std::string, pool_hugepages, "auto",
+          "pages of pools that do not say (PoolSpec.hugepages): auto (2M "
+          "hugetlb pages if enough are free, else transparent huge pages "
+          "where shmem_enabled allows, else 4K), off, 2M, 1G (an error naming "
+          "vm.nr_hugepages when too few are free); default auto");
+ABSL_FLAG(std::string, numa_node, "auto",
+          "NUMA node of pools' memory (mbind) and of their filling threads, "
+          "for pools that do not say (PoolSpec.numa_node): auto (the node of "
+          "CUDA device 0's PCI device, when the machine has several nodes), "
+          "none, or a node number; default auto");
 
 namespace hostkv {
 namespace {
 
 const std::vector<std::string> kPoolFillFlagNames = {
-    "pool_fill_threads", "pool_fill_chunk", "pool_fill_wait"};
+    "pool_fill_threads", "pool_fill_chunk", "pool_fill_wait", "pool_hugepages",
+    "numa_node"};
 
 unsigned UsableCpus();
 
@@ -251,6 +262,19 @@ absl::Status ReadPoolFillFlags(DaemonOptions& o) {
         absl::GetFlag(FLAGS_pool_fill_chunk), "'"));
   }
   o.pool_fill.chunk_bytes = *chunk;
+  absl::StatusOr<HugePageMode> huge =
+      ParseHugePageMode(absl::GetFlag(FLAGS_pool_hugepages));
+  if (!huge.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pool_hugepages: ", huge.status().message()));
+  }
+  o.pool_fill.hugepages = *huge;
+  absl::StatusOr<NumaRequest> numa = ParseNumaRequest(absl::GetFlag(FLAGS_numa_node));
+  if (!numa.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--numa_node: ", numa.status().message()));
+  }
+  o.numa = *numa;
   o.limits.fill_wait = absl::GetFlag(FLAGS_pool_fill_wait);
   if (o.limits.fill_wait < absl::ZeroDuration() ||
       o.limits.fill_wait > absl::Minutes(10)) {

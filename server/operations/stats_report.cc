@@ -83,6 +83,8 @@ void FillPoolStats(const HostPool& pool,
   stats->set_fill_seconds(absl::ToDoubleSeconds(fill.elapsed));
   stats->set_fill_error(fill.error);
   stats->set_fill_threads(fill.threads);
+  stats->set_hugepages(pool.info().hugepages());
+  stats->set_numa_node(pool.info().numa_node());
   stats->set_fill_method(fill.threads == 0 ? "adopted"
                          : fill.method == ResidentMethod::kTouch ? "touch"
                                                                  : "populate");

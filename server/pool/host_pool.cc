@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -28,13 +30,26 @@ constexpr uint64_t kScrubBatchBytes = 8 << 20;
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
     const v1::PoolSpec& spec, const PoolGeometry& geometry,
     const std::string& segment_label, const PoolFillOptions& fill,
-    BudgetReservation reservation, const CacheOptions& cache_options) {
+    BudgetReservation reservation, const CacheOptions& cache_options,
+    const HugePagePlan& huge) {
   ASSIGN_OR_RETURN(std::unique_ptr<PageCache> cache,
                    PageCache::Create(geometry.num_pages()));
+  const uint64_t unit = std::max<uint64_t>(huge.page_bytes, 1);
+  const uint64_t segment_bytes = (geometry.total_bytes() + unit - 1) / unit * unit;
   ASSIGN_OR_RETURN(ShmSegment segment,
-                   ShmSegment::CreateSealed(segment_label, geometry.total_bytes(),
-                                            /*reserve=*/false));
+                   ShmSegment::CreateSealed(segment_label, segment_bytes,
+                                            /*reserve=*/false, huge.memfd_flags));
+  if (huge.madvise_thp &&
+      madvise(segment.data(), segment.size(), MADV_HUGEPAGE) != 0) {
+    return absl::InternalError(absl::StrCat("MADV_HUGEPAGE on ", segment.name(),
+                                            ": ", std::strerror(errno)));
+  }
+  if (fill.numa_node != kNoNode) {
+    RETURN_IF_ERROR(BindRangeToNode(segment.data(), segment.size(), fill.numa_node));
+  }
   v1::Pool info = InfoOf(spec, geometry, segment);
+  info.set_hugepages(huge.used.empty() ? "4K" : huge.used);
+  info.set_numa_node(fill.numa_node);
   std::unique_ptr<HostPool> pool(new HostPool(
       std::move(info), geometry, std::move(segment), std::move(reservation),
       std::move(cache), cache_options, /*resident=*/false));
@@ -67,12 +82,16 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Adopt(
   ASSIGN_OR_RETURN(ShmSegment segment,
                    ShmSegment::AdoptSealed(std::move(segment_fd), segment_label,
                                            geometry.total_bytes()));
-  if (segment.size() != geometry.total_bytes()) {
+  // A hugetlb segment is rounded up to whole pages (1 GiB at most).
+  if (segment.size() < geometry.total_bytes() ||
+      segment.size() - geometry.total_bytes() >= (1ull << 30)) {
     return absl::FailedPreconditionError(absl::StrCat(
         segment.name(), " is ", segment.size(), " bytes; pool '", spec.name(),
         "' has ", geometry.total_bytes()));
   }
   v1::Pool info = InfoOf(spec, geometry, segment);
+  info.set_hugepages(HugePagesOf(segment));
+  info.set_numa_node(kNoNode);  // as the previous daemon left it
   return std::unique_ptr<HostPool>(
       new HostPool(std::move(info), geometry, std::move(segment),
                    std::move(reservation), std::move(cache), cache_options,
@@ -94,6 +113,14 @@ v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry
   info.set_v_offset(geometry.kv_planes() == 2 ? geometry.plane_bytes() : 0);
   info.set_segment_name(segment.name());
   return info;
+}
+
+std::string HostPool::HugePagesOf(const ShmSegment& segment) {
+  struct statfs fs;
+  if (fstatfs(segment.fd(), &fs) == 0 && static_cast<uint64_t>(fs.f_type) == 0x958458f6) {
+    return fs.f_bsize >= (1 << 30) ? "1G" : "2M";  // hugetlbfs
+  }
+  return "4K";  // THP cannot be told from here: reported as 4K
 }
 
 HostPool::~HostPool() {

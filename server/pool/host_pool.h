@@ -15,6 +15,7 @@
 #include "server/transfer/gpu_backend.h"
 #include "server/pool/memory_budget.h"
 #include "proto/contract/shm_segment.h"
+#include "server/pool/huge_pages.h"
 #include "server/pool/page_scrubber.h"
 #include "server/pool/pool_fill.h"
 #include "server/pool/slot_allocator.h"
@@ -47,11 +48,13 @@ class HostPool {
   // (PoolFill, with `fill`), and its pages are handed out as that happens
   // (SlotAllocator::AddResident). Memory must already be budgeted
   // (`reservation`). Returns the segment's error on failure, having created
-  // nothing; a failed fill shows in fill_progress().
+  // nothing; a failed fill shows in fill_progress(). `huge` says what pages
+  // back it (the segment is rounded up to whole ones).
   static absl::StatusOr<std::unique_ptr<HostPool>> Create(
       const v1::PoolSpec& spec, const PoolGeometry& geometry,
       const std::string& segment_label, const PoolFillOptions& fill,
-      BudgetReservation reservation, const CacheOptions& cache_options = {});
+      BudgetReservation reservation, const CacheOptions& cache_options = {},
+      const HugePagePlan& huge = {});
 
   // The pool a previous daemon made with this spec, from its segment's
   // memfd (kept by the state keeper): the same bytes, already resident
@@ -140,6 +143,8 @@ class HostPool {
   void set_owner(v1::PoolOwner owner) { owner_ = std::move(owner); }
 
  private:
+  // "2M" / "1G" for a hugetlbfs segment, else "4K" (an adopted pool).
+  static std::string HugePagesOf(const ShmSegment& segment);
   // The API's description of a pool of `spec` in `segment`.
   static v1::Pool InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry,
                          const ShmSegment& segment);

@@ -21,7 +21,9 @@ PoolFill::PoolFill(std::string pool, const PoolGeometry& g, uint8_t* base,
       done_(std::move(done)),
       start_(absl::Now()),
       threads_(static_cast<unsigned>(std::max<size_t>(
-          1, std::min<size_t>(std::max(1u, options.threads), chunks_.size())))) {
+          1, std::min<size_t>(std::max(1u, options.threads), chunks_.size())))),
+      numa_node_(options.numa_node),
+      sysfs_root_(options.sysfs_root) {
   {
     absl::MutexLock lock(&mu_);
     running_ = threads_;
@@ -51,6 +53,12 @@ absl::Status PoolFill::FillChunk(const PageRun& chunk,
 }
 
 void PoolFill::Work() {
+  if (numa_node_ != kNoNode) {
+    // The memory's policy is the segment's (mbind); this only keeps the
+    // zeroing on the node's CPUs.
+    absl::Status bound = BindThreadToNode(sysfs_root_, numa_node_);
+    if (!bound.ok()) spdlog::warn("pool '{}': {}", pool_, std::string(bound.message()));
+  }
   absl::Status status;
   for (;;) {
     if (stop_.load()) {
@@ -117,7 +125,8 @@ PoolFill::Progress PoolFill::progress() const {
   p.threads = threads_;
   p.method = touched_.load() ? ResidentMethod::kTouch : ResidentMethod::kPopulate;
   if (!finished_) {
-    p.state = v1::FILL_FILLING;
+    // Every page handed over: ready, though the threads are still ending.
+    p.state = ready_pages_ == p.total_pages ? v1::FILL_READY : v1::FILL_FILLING;
     p.elapsed = absl::Now() - start_;
   } else {
     p.state = status_.ok() ? v1::FILL_READY : v1::FILL_FAILED;

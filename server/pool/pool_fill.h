@@ -17,14 +17,22 @@
 #include "hostkv/v1/hostkv.pb.h"
 #include "kernels/pool_geometry.h"
 #include "server/pool/fill_plan.h"
+#include "server/pool/huge_pages.h"
+#include "server/pool/numa_node.h"
 #include "server/pool/resident_range.h"
 
 namespace hostkv {
 
-// How pools are filled (daemon flags).
+// How pools' memory is made and filled (daemon flags).
 struct PoolFillOptions {
   unsigned threads = 1;               // at most this many at once per pool
   uint64_t chunk_bytes = 64ull << 20;  // pages handed over per chunk
+  // Pools that do not say (PoolSpec.hugepages): --pool_hugepages.
+  HugePageMode hugepages = HugePageMode::kAuto;
+  std::string sysfs_root = "/sys";  // where the kernel's offer is read
+  // The node of pools that ask "auto" or nothing (--numa_node, resolved at
+  // start), or of this pool (HostPool::Create); kNoNode: unbound.
+  int numa_node = kNoNode;
 };
 
 // Owns its threads; thread-safe. Destroying it (or Stop) stops the threads
@@ -39,7 +47,8 @@ class PoolFill {
 
   // Starts filling pages [0, g.num_pages()) of the segment mapped at `base`
   // (memory reserved through `reserve_fd` first when >= 0: see MakeResident)
-  // with min(options.threads, chunks) threads.
+  // with min(options.threads, chunks) threads, bound to options.numa_node
+  // when there is one (BindThreadToNode).
   PoolFill(std::string pool, const PoolGeometry& g, uint8_t* base,
            int reserve_fd, const PoolFillOptions& options, ChunkReady ready,
            Done done);
@@ -78,6 +87,8 @@ class PoolFill {
   const Done done_;
   const absl::Time start_;
   const unsigned threads_;
+  const int numa_node_;
+  const std::string sysfs_root_;
 
   std::atomic<size_t> next_{0};
   std::atomic<bool> stop_{false};

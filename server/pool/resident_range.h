@@ -16,13 +16,14 @@ enum class ResidentMethod : uint8_t {
   kTouch,     // the kernel refused it (EINVAL): one write fault per OS page
 };
 
-// Makes bytes `range` of the mapping at `base` resident. With
-// `reserve_fd` >= 0 (the mapped file), first allocates the range's memory in
-// the file (fallocate), so that a short machine fails here, never with a
-// SIGBUS later. Then MADV_POPULATE_WRITE over the range, or, where the kernel
-// lacks it (EINVAL), the user-space touch (TouchResident). Contents are kept
-// (safe on pages in use). Sets *method to what was used. ResourceExhausted
-// when memory is short; Internal for other errors.
+// Makes bytes `range` of the mapping at `base` resident: MADV_POPULATE_WRITE
+// over the range (which allocates the memory and reports a shortage as an
+// error, never a SIGBUS), or, where the kernel lacks it (EINVAL), the
+// user-space touch (TouchResident) after allocating the range's memory in
+// the mapped file `reserve_fd` (fallocate; when >= 0), so that a short
+// machine fails here, not with a SIGBUS later. Contents are kept (safe on
+// pages in use). Sets *method to what was used. ResourceExhausted when
+// memory is short; Internal for other errors.
 // REQUIRES: range OS-page aligned within a MAP_SHARED writable mapping.
 absl::Status MakeResident(uint8_t* base, const SegmentRange& range, int reserve_fd,
                           ResidentMethod* method);

@@ -126,6 +126,9 @@ class GpuBackend {
 
   // The devices, for logs ("1 device: 0 NVIDIA H200 (sm_90, 139.8 GiB)").
   virtual std::string Describe() const = 0;
+  // The PCI bus id of device 0 ("0000:3B:00.0"), where pools' memory goes
+  // by default (--numa_node=auto); empty if unknown.
+  virtual std::string PciBusId() const { return ""; }
 
   // Starts pinning [base, base + bytes) in chunks whose sizes are multiples
   // of `align` (so that no pool page straddles two registrations), once

@@ -145,3 +145,43 @@ def test_a_restarted_daemon_adopts_the_pool_resident():
             assert sum(n for _, n in runs) == 1
     finally:
         d.stop()
+
+
+def free_hugetlb_2m():
+    try:
+        with open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages") as f:
+            return int(f.read())
+    except OSError:
+        return 0
+
+
+def test_where_the_memory_goes_is_asked_per_pool(slow_fill):
+    with hostkv.Client(slow_fill.target, "fill-test") as c:
+        # 64 MiB on NUMA node 0 (every machine has one), 4 KiB pages.
+        pool = c.create_pool(hostkv.mha_pool_spec(
+            "placed", 4, 8, 128, PAGE, capacity_bytes=64 << 20, hugepages="off",
+            numa_node="0"))
+        assert pool.numa_node == 0 and pool.hugepages == "4K"
+        s = stats_of(c, "placed")
+        assert s.numa_node == 0 and s.hugepages == "4K"
+        c.delete_pool("placed")
+        with pytest.raises(hostkv.errors.InvalidArgument) as e:
+            c.create_pool(hostkv.mha_pool_spec("placed", 4, 8, 128, PAGE,
+                                               capacity_bytes=64 << 20, numa_node="999"))
+        assert "not online" in e.value.message
+        with pytest.raises(hostkv.errors.InvalidArgument):
+            c.create_pool(hostkv.mha_pool_spec("placed", 4, 8, 128, PAGE,
+                                               capacity_bytes=64 << 20, hugepages="4M"))
+        if free_hugetlb_2m() < 32:
+            # Too few hugetlb pages: the error names the sysctl to raise.
+            with pytest.raises(hostkv.errors.ResourceExhausted) as e:
+                c.create_pool(hostkv.mha_pool_spec("placed", 4, 8, 128, PAGE,
+                                                   capacity_bytes=64 << 20, hugepages="2M"))
+            assert "vm.nr_hugepages" in e.value.message
+        else:
+            pool = c.create_pool(hostkv.mha_pool_spec(
+                "placed", 4, 8, 128, PAGE, capacity_bytes=64 << 20, hugepages="2M"))
+            assert pool.hugepages == "2M"
+            runs = c.alloc("placed", PAGE)
+            c.free("placed", runs)
+            c.delete_pool("placed")
