@@ -74,9 +74,13 @@ void PoolFill::Work() {
       break;
     }
     if (method == ResidentMethod::kTouch) touched_.store(true);
+    {
+      // Counted first: whoever gets the pages from `ready_` then sees them
+      // counted in progress().
+      absl::MutexLock lock(&mu_);
+      ready_pages_ += chunks_[i].num_pages;
+    }
     if (ready_) ready_(chunks_[i]);
-    absl::MutexLock lock(&mu_);
-    ready_pages_ += chunks_[i].num_pages;
   }
   Finish(status);
 }
