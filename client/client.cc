@@ -483,10 +483,17 @@ absl::Status Client::UnregisterDeviceBuffers(uint64_t import_id) {
 
 absl::StatusOr<std::vector<PageRange>> Client::Alloc(const std::string& pool,
                                                      uint64_t num_tokens) {
+  return Alloc(pool, num_tokens, AllocOptions{});
+}
+
+absl::StatusOr<std::vector<PageRange>> Client::Alloc(
+    const std::string& pool, uint64_t num_tokens, const AllocOptions& options) {
   v1::AllocRequest request;
   request.set_session_id(impl_->session_id);
   request.set_pool(pool);
   request.set_num_tokens(num_tokens);
+  request.set_fill_wait_ms(options.fill_wait_ms);
+  request.set_fill_no_wait(options.fill_no_wait);
   ASSIGN_OR_RETURN(v1::AllocResponse response,
                    (impl_->Call<v1::AllocRequest, v1::AllocResponse>(
                        &v1::HostKV::Stub::Alloc, request, RingMethod::kAlloc)));

@@ -239,8 +239,15 @@ absl::Status BuildState(const DaemonOptions& o, Daemon& d) {
   d.budget = std::make_unique<MemoryBudget>(o.budget, o.reserve,
                                             &MemoryBudget::SystemAvailableBytes);
   RETURN_IF_ERROR(StartGpuBackend(o, d));
+  PoolFillOptions fill = o.pool_fill;
+  ASSIGN_OR_RETURN(fill.numa_node,
+                   ChooseNumaNode(o.numa, fill.sysfs_root,
+                                  d.gpu != nullptr ? d.gpu->PciBusId() : ""));
+  if (fill.numa_node != kNoNode) {
+    spdlog::info("pools' memory on NUMA node {}", fill.numa_node);
+  }
   d.pools = std::make_unique<PoolRegistry>(
-      d.budget.get(), prefix, std::max(1u, std::thread::hardware_concurrency()),
+      d.budget.get(), prefix, fill,
       d.gpu.get(), o.quota, o.cache);
   d.sessions = std::make_unique<SessionRegistry>(prefix, o.signal_records,
                                                  o.sessions, d.budget.get());

@@ -128,6 +128,23 @@ std::string FormatPoolStats(const v1::GetPoolStatsResponse& stats) {
         &out, "%-*s %-18s %5d %12d %12d %6.1f%% %12s %8d %8d\n", width, p.name(),
         LayoutName(p.layout()), p.page_size(), p.used_pages(), p.free_pages(),
         pct, Bytes(p.capacity_bytes()), p.loads(), p.backups());
+    switch (p.fill_state()) {  // shown until the pool is resident
+      case v1::FILL_FILLING:
+        absl::StrAppendFormat(
+            &out,
+            "    memory: filling, %s of %s resident (%d of %d pages ready, "
+            "%.1f s so far, %d threads)\n",
+            Bytes(p.ready_bytes()), Bytes(p.capacity_bytes()), p.ready_pages(),
+            p.capacity_pages(), p.fill_seconds(), p.fill_threads());
+        break;
+      case v1::FILL_FAILED:
+        absl::StrAppendFormat(
+            &out, "    memory: filling failed at %s of %s: %s\n",
+            Bytes(p.ready_bytes()), Bytes(p.capacity_bytes()), p.fill_error());
+        break;
+      default:
+        break;
+    }
     switch (p.pin_state()) {  // CUDA backend only
       case v1::PIN_PINNING:
         absl::StrAppendFormat(

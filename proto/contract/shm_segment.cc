@@ -3,17 +3,20 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace hostkv {
+namespace {
+constexpr uint64_t kHugetlbfsMagic = 0x958458f6;  // linux/magic.h
+}  // namespace
 
 ScopedFd::~ScopedFd() {
   if (fd_ >= 0) close(fd_);
@@ -94,15 +97,23 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name,
 }
 
 absl::StatusOr<ShmSegment> ShmSegment::CreateSealed(const std::string& label,
-                                                    uint64_t size) {
+                                                    uint64_t size,
+                                                    bool reserve,
+                                                    unsigned memfd_flags) {
   const std::string name = "memfd:" + label;
-  ScopedFd fd(memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ScopedFd fd(memfd_create(label.c_str(),
+                           MFD_CLOEXEC | MFD_ALLOW_SEALING | memfd_flags));
   if (fd.get() < 0) return ErrnoStatus(errno, "memfd_create " + label);
   // A memfd is 0777: others could reopen a read-only descriptor read-write
   // through /proc/<pid>/fd.
   if (fchmod(fd.get(), 0600) != 0) return ErrnoStatus(errno, "fchmod " + name);
-  if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
-      err != 0) {
+  if (!reserve) {
+    if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("sizing ", name, " to ", size,
+                                             " bytes"));
+    }
+  } else if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+             err != 0) {
     return ErrnoStatus(
         err, absl::StrCat("reserving ", size, " bytes of shared memory for ",
                           name));
@@ -222,7 +233,13 @@ absl::StatusOr<ShmSegment> ShmSegment::MapDescriptor(int fd, const std::string& 
         "bytes [", offset, ", +", length, ") are not within shm segment ",
         name, " of ", file_size, " bytes"));
   }
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // A hugetlbfs file (a hugetlb memfd) maps only at multiples of its page
+  // size, which statfs gives as the block size.
+  uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  struct statfs fs;
+  if (fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic) {
+    page = std::max<uint64_t>(page, static_cast<uint64_t>(fs.f_bsize));
+  }
   const uint64_t map_offset = offset / page * page;
   // No overflow: offset + length <= file_size < 2^63.
   const uint64_t map_bytes = offset + length - map_offset;
@@ -277,24 +294,6 @@ void ShmSegment::Reset() {
   size_ = map_bytes_ = file_size_ = 0;
   unlink_ = false;
   fd_ = ScopedFd();
-}
-
-void ShmSegment::Prefault(unsigned threads) {
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  if (threads == 0) threads = 1;
-  std::vector<std::thread> workers;
-  for (unsigned t = 0; t < threads; ++t) {
-    workers.emplace_back([this, t, threads, page] {
-      const uint64_t begin = size_ * t / threads / page * page;
-      const uint64_t end = t + 1 == threads ? size_ : size_ * (t + 1) / threads / page * page;
-      // Writing zero keeps the contents (fresh segments are zero) and makes
-      // the kernel allocate the page now.
-      for (uint64_t off = begin; off < end; off += page) {
-        reinterpret_cast<volatile uint8_t*>(data_)[off] = 0;
-      }
-    });
-  }
-  for (std::thread& w : workers) w.join();
 }
 
 }  // namespace hostkv

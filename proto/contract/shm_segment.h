@@ -46,13 +46,19 @@ class ShmSegment {
                                            uint64_t size, mode_t mode);
 
   // Creates an anonymous segment (a memfd labelled `label`) of `size` bytes,
-  // mode 0600, with its memory reserved, sealed against shrinking and
+  // mode 0600, with its memory reserved (or, with reserve false, none of it
+  // yet: the caller reserves it, e.g. range by range with fallocate, before
+  // touching a byte), sealed against shrinking and
   // growing (F_SEAL_SHRINK | F_SEAL_GROW, then F_SEAL_SEAL) and mapped
   // read-write. Nobody can open it by name, and no descriptor of it, even a
   // read-write one, can cut it short under this mapping (SIGBUS). fd() is
   // its descriptor; ReopenFd hands out new ones. name() is "memfd:<label>".
+  // `memfd_flags` are added to memfd_create's (MFD_HUGETLB and a size:
+  // `size` must then be a multiple of that page size).
   static absl::StatusOr<ShmSegment> CreateSealed(const std::string& label,
-                                                 uint64_t size);
+                                                 uint64_t size,
+                                                 bool reserve = true,
+                                                 unsigned memfd_flags = 0);
 
   // Opens and maps an existing segment, read-write or read-only; the
   // segment is not unlinked later. Returns NotFound, PermissionDenied or
@@ -103,10 +109,6 @@ class ShmSegment {
   uid_t owner_uid() const { return owner_uid_; }
   gid_t owner_gid() const { return owner_gid_; }
   mode_t mode() const { return mode_; }  // st_mode when mapped
-
-  // Touches every OS page with `threads` threads so that later copies do not
-  // fault.
-  void Prefault(unsigned threads);
 
   // A segment of CreateSealed: its descriptor (else -1), and a new open of
   // it, read-only or read-write (through /proc/self/fd, so that a

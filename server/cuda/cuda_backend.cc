@@ -118,6 +118,16 @@ CudaBackend::~CudaBackend() {
   for (auto& [owner, last] : last_op_) cudaEventDestroy(last.event);
 }
 
+std::string CudaBackend::PciBusId() const {
+  char id[64] = {0};
+  if (devices_.empty() ||
+      cudaDeviceGetPCIBusId(id, sizeof(id), devices_[0].ordinal) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: cleared
+    return "";
+  }
+  return id;
+}
+
 std::string CudaBackend::Describe() const {
   std::string out = absl::StrCat(devices_.size(), " CUDA device",
                                  devices_.size() == 1 ? "" : "s", ":");
@@ -132,10 +142,11 @@ std::string CudaBackend::Describe() const {
 
 std::unique_ptr<PoolPinning> CudaBackend::StartPinning(
     const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+    std::function<absl::Status()> wait_resident,
     std::function<void(bool ok)> done) {
   return std::make_unique<CudaPoolPinning>(
       pool, base, bytes, PlanPinChunks(bytes, align, options_.pin_chunk_bytes),
-      std::move(done));
+      std::move(wait_resident), std::move(done));
 }
 
 absl::StatusOr<int> CudaBackend::ResolveDevice(const GpuBufferRef& ref,

@@ -37,8 +37,10 @@ class CudaBackend : public GpuBackend {
   ~CudaBackend() override;
 
   std::string Describe() const override;
+  std::string PciBusId() const override;
   std::unique_ptr<PoolPinning> StartPinning(
       const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+      std::function<absl::Status()> wait_resident,
       std::function<void(bool ok)> done) override;
   absl::StatusOr<std::unique_ptr<DeviceImport>> OpenImport(
       std::shared_ptr<HostPool> pool, const GpuImportSpec& spec) override;

@@ -14,11 +14,13 @@ namespace hostkv {
 
 CudaPoolPinning::CudaPoolPinning(std::string pool, uint8_t* base,
                                  uint64_t bytes, std::vector<PinChunk> chunks,
+                                 std::function<absl::Status()> wait_resident,
                                  std::function<void(bool ok)> done)
     : pool_(std::move(pool)),
       base_(base),
       bytes_(bytes),
       chunks_(std::move(chunks)),
+      wait_resident_(std::move(wait_resident)),
       done_(std::move(done)),
       start_(absl::Now()),
       thread_([this] { Run(); }) {}
@@ -73,6 +75,15 @@ void CudaPoolPinning::Run() {
   // first one current.
   ScopedDevice device(0);
   absl::Status status = device.status();
+  // Registering resident memory faults nothing in: much faster than
+  // cudaHostRegister's own faulting, and the fill runs on many threads.
+  if (status.ok() && wait_resident_) {
+    status = wait_resident_();
+    if (!status.ok() && !absl::IsCancelled(status)) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "the pool's memory could not be made resident: ", status.message()));
+    }
+  }
   for (size_t i = 0; status.ok() && i < chunks_.size(); ++i) {
     if (stop_.load()) {
       status = absl::CancelledError("the pool was deleted while pinning");

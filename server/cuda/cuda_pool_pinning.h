@@ -20,9 +20,11 @@ namespace hostkv {
 
 class CudaPoolPinning : public PoolPinning {
  public:
-  // Starts pinning `chunks` of [base, base + bytes) at once.
+  // Starts pinning `chunks` of [base, base + bytes) once `wait_resident`
+  // (may be null) returned OK (GpuBackend::StartPinning).
   CudaPoolPinning(std::string pool, uint8_t* base, uint64_t bytes,
                   std::vector<PinChunk> chunks,
+                  std::function<absl::Status()> wait_resident,
                   std::function<void(bool ok)> done);
   // Stops pinning, then unregisters every registered chunk.
   ~CudaPoolPinning() override;
@@ -43,6 +45,7 @@ class CudaPoolPinning : public PoolPinning {
   uint8_t* const base_;
   const uint64_t bytes_;
   const std::vector<PinChunk> chunks_;
+  const std::function<absl::Status()> wait_resident_;
   const std::function<void(bool)> done_;
   const absl::Time start_;
 

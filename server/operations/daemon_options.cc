@@ -232,6 +232,29 @@ ABSL_FLAG(double, verify_hits, 0.01,
           "the share of hits (0..1) whose bytes Lookup checks against their "
           "digest before returning them; a page that does not match is a "
           "miss and leaves the cache (default 0.01)");
+// Pools' memory: made resident in the background (server/README.md,
+// "Pools: sizing and start").
+ABSL_FLAG(int, pool_fill_threads, 0,
+          "threads making one pool's memory resident (MADV_POPULATE_WRITE) "
+          "after CreatePool returns; 0 (default): one per CPU the daemon may "
+          "run on (its affinity mask)");
+ABSL_FLAG(std::string, pool_fill_chunk, "64MiB",
+          "a pool's pages are handed out in chunks of about this many bytes "
+          "as each turns resident (default 64MiB, at least 1MiB)");
+ABSL_FLAG(absl::Duration, pool_fill_wait, absl::Seconds(60),
+          "how long an Alloc waits for a filling pool's pages when it does "
+          "not say (AllocRequest.fill_wait_ms 0, fill_no_wait unset); "
+          "default 60s");
+ABSL_FLAG(std::string, pool_hugepages, "auto",
+          "pages of pools that do not say (PoolSpec.hugepages): auto (2M "
+          "hugetlb pages if enough are free, else transparent huge pages "
+          "where shmem_enabled allows, else 4K), off, 2M, 1G (an error naming "
+          "vm.nr_hugepages when too few are free); default auto");
+ABSL_FLAG(std::string, numa_node, "auto",
+          "NUMA node of pools' memory (mbind) and of their filling threads, "
+          "for pools that do not say (PoolSpec.numa_node): auto (the node of "
+          "CUDA device 0's PCI device, when the machine has several nodes), "
+          "none, or a node number; default auto");
 
 namespace hostkv {
 namespace {
@@ -246,6 +269,49 @@ absl::Status ReadDigestFlags(DaemonOptions& o) {
         absl::StrCat("--verify_hits must be within 0..1, got ", share));
   }
   o.digests.verify_hits = o.digests.enabled ? share : 0.0;
+  return absl::OkStatus();
+}
+
+const std::vector<std::string> kPoolFillFlagNames = {
+    "pool_fill_threads", "pool_fill_chunk", "pool_fill_wait", "pool_hugepages",
+    "numa_node"};
+
+unsigned UsableCpus();
+
+absl::Status ReadPoolFillFlags(DaemonOptions& o) {
+  const int threads = absl::GetFlag(FLAGS_pool_fill_threads);
+  if (threads < 0 || threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pool_fill_threads must be in [0, 1024] (0 = one per CPU), got ",
+        threads));
+  }
+  o.pool_fill.threads = threads > 0 ? static_cast<unsigned>(threads) : UsableCpus();
+  absl::StatusOr<uint64_t> chunk = ParseByteSize(absl::GetFlag(FLAGS_pool_fill_chunk));
+  if (!chunk.ok() || *chunk < (1u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pool_fill_chunk must be a size of at least 1MiB, got '",
+        absl::GetFlag(FLAGS_pool_fill_chunk), "'"));
+  }
+  o.pool_fill.chunk_bytes = *chunk;
+  absl::StatusOr<HugePageMode> huge =
+      ParseHugePageMode(absl::GetFlag(FLAGS_pool_hugepages));
+  if (!huge.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pool_hugepages: ", huge.status().message()));
+  }
+  o.pool_fill.hugepages = *huge;
+  absl::StatusOr<NumaRequest> numa = ParseNumaRequest(absl::GetFlag(FLAGS_numa_node));
+  if (!numa.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--numa_node: ", numa.status().message()));
+  }
+  o.numa = *numa;
+  o.limits.fill_wait = absl::GetFlag(FLAGS_pool_fill_wait);
+  if (o.limits.fill_wait < absl::ZeroDuration() ||
+      o.limits.fill_wait > absl::Minutes(10)) {
+    return absl::InvalidArgumentError(
+        "--pool_fill_wait must be in [0, 10m]");
+  }
   return absl::OkStatus();
 }
 
@@ -605,6 +671,7 @@ absl::StatusOr<DaemonOptions> ReadOptionsFromFlags() {
   o.limits.session_lease = absl::GetFlag(FLAGS_session_lease);
   RETURN_IF_ERROR(ReadTenantLimits(o));
   RETURN_IF_ERROR(ReadDescriptorLimits(o));
+  RETURN_IF_ERROR(ReadPoolFillFlags(o));
   if (o.limits.session_lease < absl::Seconds(1)) {
     return absl::InvalidArgumentError("--session_lease must be at least 1s");
   }
@@ -685,6 +752,7 @@ const std::vector<std::string>& DaemonFlagNames() {
     all->insert(all->end(), kDescriptorFlagNames.begin(),
                 kDescriptorFlagNames.end());
     all->insert(all->end(), kDigestFlagNames.begin(), kDigestFlagNames.end());
+    all->insert(all->end(), kPoolFillFlagNames.begin(), kPoolFillFlagNames.end());
     return all;
   }();
   return *names;

@@ -48,6 +48,8 @@ struct DaemonOptions {
   // gRPC's resource quota: memory for requests in flight (--grpc_memory).
   uint64_t grpc_memory = uint64_t{1} << 30;
   unsigned copy_threads = 1;
+  PoolFillOptions pool_fill;  // --pool_fill_threads, --pool_fill_chunk
+  NumaRequest numa;           // --numa_node (main.cc resolves it)
   RequestLimits limits;
   int signal_records = 256;
   std::string cuda = "auto";

@@ -119,6 +119,11 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
   auto free_pages = Gauge("hostkv_pool_free_pages", "Free pages");
   auto pinned = Gauge("hostkv_pool_pinned",
                       "1 if the pool is registered with CUDA (pinned)");
+  auto ready = Gauge("hostkv_pool_ready_bytes",
+                     "Bytes of the pool resident (its pages are handed out "
+                     "as they turn so); capacity once filled");
+  auto filling = Gauge("hostkv_pool_filling",
+                       "1 while the pool's memory is still being made resident");
   auto imports = Gauge("hostkv_pool_imports",
                        "Device-buffer registrations against the pool");
   auto cached_pages = Gauge("hostkv_pool_cached_pages",
@@ -158,6 +163,9 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
     Set(used_pages, static_cast<double>(used_count), pool->name());
     Set(free_pages, static_cast<double>(free_count), pool->name());
     Set(pinned, pool->pinned() ? 1 : 0, pool->name());
+    const PoolFill::Progress fill = pool->fill_progress();
+    Set(ready, static_cast<double>(fill.ready_pages * g.page_bytes()), pool->name());
+    Set(filling, fill.state == v1::FILL_FILLING ? 1 : 0, pool->name());
     Set(imports, pool->import_count(), pool->name());
   }
   auto sessions = Gauge("hostkv_sessions", "Open sessions");
@@ -182,7 +190,7 @@ std::vector<prometheus::MetricFamily> StateCollector::Collect() const {
   Set(budget, static_cast<double>(budget_->budget_bytes()));
   std::vector<prometheus::MetricFamily> families = {
       capacity, used,      free,     capacity_pages, used_pages,
-      free_pages, cached_pages, pinned, imports, sessions,
+      free_pages, cached_pages, pinned, ready, filling, imports, sessions,
       attached, in_flight, reserved, budget, digests, digests_pending, verified, mismatches};
   cache.AppendTo(families);
   return families;

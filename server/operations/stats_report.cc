@@ -86,6 +86,18 @@ void FillPoolStats(const HostPool& pool,
   stats->set_pinned_bytes(pin.pinned_bytes);
   stats->set_pin_seconds(absl::ToDoubleSeconds(pin.elapsed));
   stats->set_pin_error(pin.error);
+  const PoolFill::Progress fill = pool.fill_progress();
+  stats->set_fill_state(fill.state);
+  stats->set_ready_pages(fill.ready_pages);
+  stats->set_ready_bytes(fill.ready_pages * g.page_bytes());
+  stats->set_fill_seconds(absl::ToDoubleSeconds(fill.elapsed));
+  stats->set_fill_error(fill.error);
+  stats->set_fill_threads(fill.threads);
+  stats->set_hugepages(pool.info().hugepages());
+  stats->set_numa_node(pool.info().numa_node());
+  stats->set_fill_method(fill.threads == 0 ? "adopted"
+                         : fill.method == ResidentMethod::kTouch ? "touch"
+                                                                 : "populate");
   stats->set_page_size(g.page_size);
   stats->set_capacity_pages(alloc.num_pages());
   stats->set_used_pages(used_pages);

@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -28,17 +30,48 @@ constexpr uint64_t kScrubBatchBytes = 8 << 20;
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
     const v1::PoolSpec& spec, const PoolGeometry& geometry,
-    const std::string& segment_label, unsigned prefault_threads,
-    BudgetReservation reservation, const CacheOptions& cache_options) {
+    const std::string& segment_label, const PoolFillOptions& fill,
+    BudgetReservation reservation, const CacheOptions& cache_options,
+    const HugePagePlan& huge) {
   ASSIGN_OR_RETURN(std::unique_ptr<PageCache> cache,
                    PageCache::Create(geometry.num_pages()));
+  const uint64_t unit = std::max<uint64_t>(huge.page_bytes, 1);
+  const uint64_t segment_bytes = (geometry.total_bytes() + unit - 1) / unit * unit;
   ASSIGN_OR_RETURN(ShmSegment segment,
-                   ShmSegment::CreateSealed(segment_label, geometry.total_bytes()));
-  segment.Prefault(prefault_threads);
+                   ShmSegment::CreateSealed(segment_label, segment_bytes,
+                                            /*reserve=*/false, huge.memfd_flags));
+  if (huge.madvise_thp &&
+      madvise(segment.data(), segment.size(), MADV_HUGEPAGE) != 0) {
+    return absl::InternalError(absl::StrCat("MADV_HUGEPAGE on ", segment.name(),
+                                            ": ", std::strerror(errno)));
+  }
+  if (fill.numa_node != kNoNode) {
+    RETURN_IF_ERROR(BindRangeToNode(segment.data(), segment.size(), fill.numa_node));
+  }
   v1::Pool info = InfoOf(spec, geometry, segment);
-  return std::unique_ptr<HostPool>(
-      new HostPool(std::move(info), geometry, std::move(segment),
-                   std::move(reservation), std::move(cache), cache_options));
+  info.set_hugepages(huge.used.empty() ? "4K" : huge.used);
+  info.set_numa_node(fill.numa_node);
+  std::unique_ptr<HostPool> pool(new HostPool(
+      std::move(info), geometry, std::move(segment), std::move(reservation),
+      std::move(cache), cache_options, /*resident=*/false));
+  pool->StartFill(fill);
+  return pool;
+}
+
+void HostPool::StartFill(const PoolFillOptions& options) {
+  fill_ = std::make_unique<PoolFill>(
+      name(), geometry_, segment_.data(), segment_.fd(), options,
+      [this](const PageRun& chunk) { allocator_.AddResident(chunk); },
+      [this](const absl::Status&) { allocator_.EndFill(); });
+}
+
+PoolFill::Progress HostPool::fill_progress() const {
+  return fill_ != nullptr ? fill_->progress()
+                          : AdoptedFillProgress(geometry_.num_pages());
+}
+
+absl::Status HostPool::WaitFilled() const {
+  return fill_ != nullptr ? fill_->Wait() : absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Adopt(
@@ -50,15 +83,20 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Adopt(
   ASSIGN_OR_RETURN(ShmSegment segment,
                    ShmSegment::AdoptSealed(std::move(segment_fd), segment_label,
                                            geometry.total_bytes()));
-  if (segment.size() != geometry.total_bytes()) {
+  // A hugetlb segment is rounded up to whole pages (1 GiB at most).
+  if (segment.size() < geometry.total_bytes() ||
+      segment.size() - geometry.total_bytes() >= (1ull << 30)) {
     return absl::FailedPreconditionError(absl::StrCat(
         segment.name(), " is ", segment.size(), " bytes; pool '", spec.name(),
         "' has ", geometry.total_bytes()));
   }
   v1::Pool info = InfoOf(spec, geometry, segment);
+  info.set_hugepages(HugePagesOf(segment));
+  info.set_numa_node(kNoNode);  // as the previous daemon left it
   return std::unique_ptr<HostPool>(
       new HostPool(std::move(info), geometry, std::move(segment),
-                   std::move(reservation), std::move(cache), cache_options));
+                   std::move(reservation), std::move(cache), cache_options,
+                   /*resident=*/true));
 }
 
 v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry,
@@ -81,7 +119,20 @@ v1::Pool HostPool::InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry
   return info;
 }
 
-HostPool::~HostPool() = default;
+std::string HostPool::HugePagesOf(const ShmSegment& segment) {
+  struct statfs fs;
+  if (fstatfs(segment.fd(), &fs) == 0 && static_cast<uint64_t>(fs.f_type) == 0x958458f6) {
+    return fs.f_bsize >= (1 << 30) ? "1G" : "2M";  // hugetlbfs
+  }
+  return "4K";  // THP cannot be told from here: reported as 4K
+}
+
+HostPool::~HostPool() {
+  // The fill's threads stop first (they hand pages to the allocator, and a
+  // pinning thread may wait for them), then pinning, then the rest.
+  if (fill_ != nullptr) fill_->Stop();
+  pinning_.reset();
+}
 
 void HostPool::set_ledger(std::unique_ptr<PoolLedger> ledger) {
   ledger_ = std::move(ledger);
@@ -97,14 +148,17 @@ absl::StatusOr<ScopedFd> HostPool::OpenSegment(bool writable) const {
 HostPool::HostPool(v1::Pool info, const PoolGeometry& geometry,
                    ShmSegment segment, BudgetReservation reservation,
                    std::unique_ptr<PageCache> cache,
-                   const CacheOptions& cache_options)
+                   const CacheOptions& cache_options, bool resident)
     : info_(std::move(info)),
       geometry_(geometry),
       segment_(std::move(segment)),
       reservation_(std::move(reservation)),
-      allocator_(geometry.num_pages(), [this](const PageRun& run) {
-        ZeroPages(geometry_, segment_.data(), run);
-      }),
+      allocator_(
+          geometry.num_pages(),
+          [this](const PageRun& run) {
+            ZeroPages(geometry_, segment_.data(), run);
+          },
+          resident),
       cache_(std::move(cache)),
       namespaces_(cache_options.namespaces != nullptr
                       ? cache_options.namespaces

@@ -15,7 +15,9 @@
 #include "server/transfer/gpu_backend.h"
 #include "server/pool/memory_budget.h"
 #include "proto/contract/shm_segment.h"
+#include "server/pool/huge_pages.h"
 #include "server/pool/page_scrubber.h"
+#include "server/pool/pool_fill.h"
 #include "server/pool/slot_allocator.h"
 #include "server/cache/namespace_owners.h"
 #include "server/cache/page_cache.h"
@@ -41,17 +43,22 @@ struct CacheOptions {
 class HostPool {
  public:
   // Creates the pool described by `spec` in a new sealed memfd labelled
-  // `segment_label` (ShmSegment::CreateSealed), pre-faulted with
-  // `prefault_threads` threads. Memory must already be reserved
-  // (`reservation`). Returns the segment's error (ResourceExhausted if
-  // shared memory is short) on failure, having created nothing.
+  // `segment_label` (ShmSegment::CreateSealed) and returns at once: the
+  // segment's memory is reserved and made resident in the background
+  // (PoolFill, with `fill`), and its pages are handed out as that happens
+  // (SlotAllocator::AddResident). Memory must already be budgeted
+  // (`reservation`). Returns the segment's error on failure, having created
+  // nothing; a failed fill shows in fill_progress(). `huge` says what pages
+  // back it (the segment is rounded up to whole ones).
   static absl::StatusOr<std::unique_ptr<HostPool>> Create(
       const v1::PoolSpec& spec, const PoolGeometry& geometry,
-      const std::string& segment_label, unsigned prefault_threads,
-      BudgetReservation reservation, const CacheOptions& cache_options = {});
+      const std::string& segment_label, const PoolFillOptions& fill,
+      BudgetReservation reservation, const CacheOptions& cache_options = {},
+      const HugePagePlan& huge = {});
 
   // The pool a previous daemon made with this spec, from its segment's
-  // memfd (kept by the state keeper): the same bytes. Its pages are all
+  // memfd (kept by the state keeper): the same bytes, already resident
+  // (nothing to fill: fill_progress() is FILL_READY). Its pages are all
   // free until the caller restores the allocator (SlotAllocator::Restore)
   // and the page cache (PageCache::Adopt). FailedPrecondition if the memfd
   // is not a sealed segment of the geometry's size.
@@ -109,6 +116,14 @@ class HostPool {
   void set_pinning(std::unique_ptr<PoolPinning> pinning) {
     pinning_ = std::move(pinning);
   }
+  // How far the segment is resident (AdoptedFillProgress for an adopted
+  // pool).
+  PoolFill::Progress fill_progress() const;
+  // Waits until the fill ended (at once for an adopted pool): OK once every
+  // page is resident, else the fill's error (Cancelled when the pool goes
+  // first).
+  absl::Status WaitFilled() const;
+
   // Pinning progress (PIN_NOT_NEEDED without CUDA).
   PoolPinning::Progress pin_progress() const {
     return pinning_ != nullptr ? pinning_->progress() : PoolPinning::Progress{};
@@ -128,12 +143,16 @@ class HostPool {
   void set_owner(v1::PoolOwner owner) { owner_ = std::move(owner); }
 
  private:
+  // "2M" / "1G" for a hugetlbfs segment, else "4K" (an adopted pool).
+  static std::string HugePagesOf(const ShmSegment& segment);
   // The API's description of a pool of `spec` in `segment`.
   static v1::Pool InfoOf(const v1::PoolSpec& spec, const PoolGeometry& geometry,
                          const ShmSegment& segment);
   HostPool(v1::Pool info, const PoolGeometry& geometry, ShmSegment segment,
            BudgetReservation reservation, std::unique_ptr<PageCache> cache,
-           const CacheOptions& cache_options);
+           const CacheOptions& cache_options, bool resident);
+  // Starts filling the segment (Create).
+  void StartFill(const PoolFillOptions& options);
 
   const v1::Pool info_;
   const PoolGeometry geometry_;
@@ -152,6 +171,9 @@ class HostPool {
   v1::PoolOwner owner_;
   // Unregistered before the segment is unmapped.
   std::unique_ptr<PoolPinning> pinning_;
+  // Null for an adopted pool. Stopped first of all (~HostPool): its threads
+  // hand pages to the allocator, and pinning waits for it.
+  std::unique_ptr<PoolFill> fill_;
   // Declared last: its thread stops (and stops writing to the segment)
   // before anything else of the pool goes.
   std::unique_ptr<PageScrubber> scrubber_;

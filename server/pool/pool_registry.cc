@@ -29,11 +29,11 @@ std::string PoolLedgerKeepName(const std::string& pool) {
 }
 
 PoolRegistry::PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-                           unsigned prefault_threads, GpuBackend* gpu,
+                           PoolFillOptions fill, GpuBackend* gpu,
                            PoolQuota quota, CacheOptions cache_options)
     : budget_(budget),
       segment_prefix_(std::move(segment_prefix)),
-      prefault_threads_(prefault_threads),
+      fill_(fill),
       gpu_(gpu),
       quota_(quota),
       cache_options_(WithNamespaceOwners(std::move(cache_options))) {}
@@ -161,18 +161,43 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Create(
         same ? "" : SpecDifference((*existing)->info().spec(), NormalizePoolSpec(spec))));
   }
   RETURN_IF_ERROR(CheckReservedName("pool", spec.name(), who));
+  HugePageMode huge_mode = fill_.hugepages;
+  if (!spec.hugepages().empty()) {
+    ASSIGN_OR_RETURN(huge_mode, ParseHugePageMode(spec.hugepages()));
+  }
+  PoolFillOptions fill = fill_;
+  if (!spec.numa_node().empty()) {
+    ASSIGN_OR_RETURN(const NumaRequest numa, ParseNumaRequest(spec.numa_node()));
+    if (!numa.automatic) {  // auto: the daemon's choice (the GPU's node)
+      ASSIGN_OR_RETURN(fill.numa_node, ChooseNumaNode(numa, fill_.sysfs_root, ""));
+    }
+  }
+  HugePageSystem system = ReadHugePageSystem(fill_.sysfs_root);
+  ASSIGN_OR_RETURN(HugePagePlan huge,
+                   PlanHugePages(huge_mode, geometry.total_bytes(), system));
   const std::string what = absl::StrCat("pool '", spec.name(), "'");
   RETURN_IF_ERROR(CheckQuota(owner, geometry.total_bytes()));
   RETURN_IF_ERROR(budget_->Reserve(what, geometry.total_bytes()));
   BudgetReservation reservation(budget_, geometry.total_bytes());
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<HostPool> pool,
-      HostPool::Create(spec, geometry,
-                       absl::StrCat(absl::StripPrefix(segment_prefix_, "/"), "pool.",
-                                    spec.name()),
-                       prefault_threads_, std::move(reservation),
-                       cache_options_));
+  const std::string label =
+      absl::StrCat(absl::StripPrefix(segment_prefix_, "/"), "pool.", spec.name());
+  absl::StatusOr<std::unique_ptr<HostPool>> created = HostPool::Create(
+      spec, geometry, label, fill, std::move(reservation), cache_options_, huge);
+  if (!created.ok() && huge_mode == HugePageMode::kAuto && huge.memfd_flags != 0) {
+    // The hugetlb pages went to someone else meanwhile: auto falls back.
+    spdlog::warn("pool '{}': no hugetlb pages after all ({}); 4 KiB pages or THP",
+                 spec.name(), std::string(created.status().message()));
+    system.free_2m = system.free_1g = 0;
+    ASSIGN_OR_RETURN(huge, PlanHugePages(huge_mode, geometry.total_bytes(), system));
+    // The failed creation gave its reservation back.
+    RETURN_IF_ERROR(budget_->Reserve(what, geometry.total_bytes()));
+    created = HostPool::Create(
+        spec, geometry, label, fill,
+        BudgetReservation(budget_, geometry.total_bytes()), cache_options_, huge);
+  }
+  if (!created.ok()) return created.status();
+  std::unique_ptr<HostPool> pool = *std::move(created);
   spdlog::info(
       "pool '{}' created for {}: {} {} page_size={} token_slots={} pages={} "
       "bytes={} ({}) segment={} in {}",
@@ -221,9 +246,13 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::Publish(
   if (gpu_ != nullptr) {
     // NOT_SERVING until pinned; `done` runs on the pinning thread, which
     // the pool joins before it goes away.
+    // The pinning thread waits for the fill; the pool stops its fill
+    // before it destroys the pinning, so `filled` outlives every call.
+    const HostPool* filled = pool.get();
     pool->set_pinning(gpu_->StartPinning(
         spec.name(), pool->base(), pool->geometry().total_bytes(),
         pool->geometry().page_bytes(),
+        [filled] { return filled->WaitFilled(); },
         [this, name = spec.name()](bool) { Notify(name); }));
   }
   std::shared_ptr<HostPool> shared = std::move(pool);

@@ -48,11 +48,12 @@ std::string PoolLedgerKeepName(const std::string& pool);
 class PoolRegistry {
  public:
   // Segments are sealed memfds labelled "<segment_prefix>pool.<name>"
-  // (without the prefix's '/'). With `gpu` (may be
+  // (without the prefix's '/'), filled with `fill` after each Create
+  // returns (HostPool::Create). With `gpu` (may be
   // null), every pool is registered with CUDA in the background after it is
   // created, in chunks of whole pool pages.
   PoolRegistry(MemoryBudget* budget, std::string segment_prefix,
-               unsigned prefault_threads, GpuBackend* gpu = nullptr,
+               PoolFillOptions fill, GpuBackend* gpu = nullptr,
                PoolQuota quota = {}, CacheOptions cache_options = {});
   // Stops notifying, then destroys the pools (joining pinning threads).
   ~PoolRegistry();
@@ -130,7 +131,7 @@ class PoolRegistry {
 
   MemoryBudget* const budget_;
   const std::string segment_prefix_;
-  const unsigned prefault_threads_;
+  const PoolFillOptions fill_;
   GpuBackend* const gpu_;
   const PoolQuota quota_;
   const CacheOptions cache_options_;

@@ -8,7 +8,7 @@
 
 namespace hostkv {
 
-SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub)
+SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub, bool resident)
     : num_pages_(num_pages),
       scrub_(std::move(scrub)),
       owner_(num_pages, kNoOwner),
@@ -16,6 +16,11 @@ SlotAllocator::SlotAllocator(uint64_t num_pages, ScrubFn scrub)
       free_when_unpinned_(num_pages, 0),
       free_(num_pages),
       writer_(num_pages, kNoOwner) {
+  if (!resident) {
+    unready_pages_ = num_pages;
+    filling_ = num_pages > 0;
+    return;
+  }
   free_.Insert(0, num_pages);
   free_pages_ = num_pages;
 }
@@ -96,21 +101,33 @@ std::vector<PageRun> SlotAllocator::TakeLocked(uint64_t num_pages,
   return runs;
 }
 
-absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
-                                                             OwnerTag owner) {
+absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
+    uint64_t num_pages, OwnerTag owner, absl::Time fill_wait_until) {
   if (num_pages == 0) {
     return absl::InvalidArgumentError("cannot allocate 0 pages");
   }
   if (absl::Status s = CheckSessionTag(owner); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (!MakeRoomLocked(num_pages, owner)) return Exhausted(num_pages);
+  if (!MakeRoomLocked(num_pages, owner)) {
+    absl::Status s = WaitForFillLocked(num_pages, owner, fill_wait_until);
+    if (absl::IsNotFound(s)) return Exhausted(num_pages);
+    if (!s.ok()) return s;
+  }
   return TakeLocked(num_pages, owner);
 }
 
 absl::Status SlotAllocator::Exhausted(uint64_t requested) const {
   return absl::ResourceExhaustedError(absl::StrCat(
       "pool full: asked for ", requested, " pages, ",
-      free_pages_ + scrubbing_pages_, " of ", num_pages_, " are free"));
+      free_pages_ + scrubbing_pages_ + unready_pages_, " of ", num_pages_,
+      " are free",
+      unready_pages_ == 0
+          ? ""
+          : absl::StrCat(" (", unready_pages_,
+                         filling_ ? " of them not yet resident: the pool is "
+                                    "still filling)"
+                                  : " of them never made resident: the "
+                                    "pool's fill failed)")));
 }
 
 void SlotAllocator::Record(uint64_t first, uint64_t count,
@@ -278,7 +295,7 @@ absl::Status SlotAllocator::Restore(absl::Span<const OwnerTag> owners) {
   }
   absl::MutexLock lock(&mu_);
   if (free_pages_ + scrubbing_pages_ != num_pages_ || scrubbing_pages_ != 0 ||
-      cached_pages_ != 0) {
+      cached_pages_ != 0 || unready_pages_ != 0) {
     return absl::FailedPreconditionError("restoring a pool already in use");
   }
   for (uint64_t p = 0; p < num_pages_; ++p) {
@@ -353,7 +370,7 @@ void SlotAllocator::Extend(OwnerTag owner, uint64_t first, uint64_t last) {
 
 uint64_t SlotAllocator::free_pages() const {
   absl::MutexLock lock(&mu_);
-  return free_pages_ + scrubbing_pages_;
+  return free_pages_ + scrubbing_pages_ + unready_pages_;
 }
 
 uint64_t SlotAllocator::pages_owned_by(OwnerTag owner) const {
@@ -369,7 +386,8 @@ absl::flat_hash_map<OwnerTag, uint64_t> SlotAllocator::UsageByOwner() const {
 
 SlotAllocator::Occupancy SlotAllocator::Snapshot() const {
   absl::MutexLock lock(&mu_);
-  return Occupancy{free_pages_ + scrubbing_pages_, usage_, cached_pages_};
+  return Occupancy{free_pages_ + scrubbing_pages_ + unready_pages_, usage_,
+                   cached_pages_};
 }
 
 size_t SlotAllocator::free_extents() const {

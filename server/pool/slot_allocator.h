@@ -101,7 +101,10 @@ using ScrubFn = std::function<void(const PageRun& run)>;
 // Thread-safe.
 class SlotAllocator {
  public:
-  explicit SlotAllocator(uint64_t num_pages, ScrubFn scrub = nullptr);
+  // With `resident` false (a pool whose memory is still being filled), no
+  // page is handed out until AddResident made it so (see "Filling" below).
+  explicit SlotAllocator(uint64_t num_pages, ScrubFn scrub = nullptr,
+                         bool resident = true);
 
   // Allocates num_pages pages for `owner`: zeroed, or holding only bytes
   // `owner` itself left there (class comment). All or nothing:
@@ -110,8 +113,18 @@ class SlotAllocator {
   // short but scrubbing ones make up the difference, zeroes them inline (or
   // waits for the background thread zeroing them: one batch at most).
   // InvalidArgument for owner kCacheOwner.
-  absl::StatusOr<std::vector<PageRun>> Allocate(uint64_t num_pages,
-                                                OwnerTag owner)
+  //
+  // While the pool fills, pages not yet resident count as free, but only
+  // resident ones are handed out: short of those, Allocate waits for the
+  // fill until `fill_wait_until` (by default until the fill ends) and then
+  // fails with DeadlineExceeded, or, with a time already past, fails at
+  // once with FailedPrecondition (both saying how many pages are ready;
+  // not Unavailable, which clients take for a daemon gone).
+  // ResourceExhausted as above when the pool could not hold the request
+  // even once filled.
+  absl::StatusOr<std::vector<PageRun>> Allocate(
+      uint64_t num_pages, OwnerTag owner,
+      absl::Time fill_wait_until = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
   // Allocate, and when free pages (scrubbing ones included) are short,
   // calls `evict` (without the lock) for the missing count, frees what it
@@ -120,9 +133,22 @@ class SlotAllocator {
   // free, how many were evicted and how many of those are still read, when
   // still short (evicted pages stay freed); Internal if `evict` returned a
   // page that is not cached here (nothing of its list is freed).
-  absl::StatusOr<std::vector<PageRun>> Allocate(uint64_t num_pages,
-                                                OwnerTag owner, Evictor evict)
+  // While the pool fills, waits for (or fails on) pages not yet resident
+  // as above before it evicts anything.
+  absl::StatusOr<std::vector<PageRun>> Allocate(
+      uint64_t num_pages, OwnerTag owner, Evictor evict,
+      absl::Time fill_wait_until = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Filling (a SlotAllocator made with resident = false): pages `run`
+  // became resident and are free from now on (waiting Allocates wake).
+  // REQUIRES: each page made resident once, none before.
+  void AddResident(const PageRun& run) ABSL_LOCKS_EXCLUDED(mu_);
+  // The fill is over (all resident, or it failed: the pages left are never
+  // handed out); waiting Allocates give up.
+  void EndFill() ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages resident (num_pages() once filled).
+  uint64_t ready_pages() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Gives `from`'s idle pages in `runs` to the page cache; returns how many
   // moved (a page listed twice, once). All or nothing; errors of
@@ -311,6 +337,15 @@ class SlotAllocator {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Exhausted(uint64_t requested) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // After MakeRoomLocked failed: while the pool fills and could hold
+  // num_pages once filled, waits (mu_ released) until MakeRoomLocked
+  // succeeds, the fill ends or `until`; OK when room was made, else the
+  // error Allocate returns (FailedPrecondition, DeadlineExceeded,
+  // ResourceExhausted). NotFound when the fill has no part in it (not
+  // filling, or the request is larger than the pool could ever hold).
+  absl::Status WaitForFillLocked(uint64_t num_pages, OwnerTag owner,
+                                 absl::Time until)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t num_pages_;
   const ScrubFn scrub_;
@@ -327,6 +362,10 @@ class SlotAllocator {
   uint64_t freed_when_unpinned_pages_ ABSL_GUARDED_BY(mu_) = 0;
   FreePageSet free_ ABSL_GUARDED_BY(mu_);         // zeroed free pages
   uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;  // free_.free_pages()
+  // Not yet resident (not in free_; counted as free outside), and whether
+  // the fill that makes them so still runs.
+  uint64_t unready_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  bool filling_ ABSL_GUARDED_BY(mu_) = false;
   // Freed, to be zeroed, by the session whose bytes they hold (kNoOwner
   // first: nobody's who could take them back). pending_pages_ counts them.
   struct PendingRun {

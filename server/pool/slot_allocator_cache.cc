@@ -24,9 +24,9 @@ std::vector<PageRun> SlotAllocator::RunsOf(std::vector<uint64_t> pages) {
   return runs;
 }
 
-absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
-                                                             OwnerTag owner,
-                                                             Evictor evict) {
+absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(
+    uint64_t num_pages, OwnerTag owner, Evictor evict,
+    absl::Time fill_wait_until) {
   if (num_pages == 0) {
     return absl::InvalidArgumentError("cannot allocate 0 pages");
   }
@@ -35,6 +35,10 @@ absl::StatusOr<std::vector<PageRun>> SlotAllocator::Allocate(uint64_t num_pages,
   {
     absl::MutexLock lock(&mu_);
     if (MakeRoomLocked(num_pages, owner)) return TakeLocked(num_pages, owner);
+    // A filling pool's pages come before anything cached.
+    absl::Status s = WaitForFillLocked(num_pages, owner, fill_wait_until);
+    if (s.ok()) return TakeLocked(num_pages, owner);
+    if (!absl::IsNotFound(s)) return s;
     missing = num_pages - (free_pages_ + scrubbing_pages_);
   }
   // Without mu_: the evictor takes the page cache's mutex, which ranks

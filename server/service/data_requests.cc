@@ -29,6 +29,17 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
         "num_tokens ", request.num_tokens(),
         " is not a positive multiple of the pool's page_size ", page_size));
   }
+  if (request.fill_wait_ms() > 600000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fill_wait_ms ", request.fill_wait_ms(), " is over 600000 (10 minutes)"));
+  }
+  // A filling pool's pages not yet resident: wait for them, as the caller
+  // chose (SlotAllocator::Allocate).
+  const absl::Time fill_wait_until =
+      request.fill_no_wait() ? absl::InfinitePast()
+      : request.fill_wait_ms() > 0
+          ? absl::Now() + absl::Milliseconds(request.fill_wait_ms())
+          : absl::Now() + limits_.fill_wait;
   // Short of free pages, the pool's page cache gives up its coldest
   // unreferenced pages (none if they cannot make up the shortfall).
   PageCache& cache = pool->cache();
@@ -36,9 +47,16 @@ absl::StatusOr<v1::AllocResponse> RequestHandler::Alloc(
       request.num_tokens() / page_size, session->tag(),
       [&cache, number = static_cast<uint32_t>(session->tag())](uint64_t needed) {
         return cache.EvictForAllocation(needed, number);
-      });
+      },
+      fill_wait_until);
   if (!allocated.ok()) {
-    if (metrics_ != nullptr) metrics_->RecordAllocFailure("pool_full");
+    if (metrics_ != nullptr) {
+      metrics_->RecordAllocFailure(
+          absl::IsFailedPrecondition(allocated.status()) ||
+                  absl::IsDeadlineExceeded(allocated.status())
+              ? "pool_filling"
+              : "pool_full");
+    }
     return allocated.status();
   }
   const std::vector<PageRun>& runs = *allocated;

@@ -52,6 +52,9 @@ struct RequestLimits {
   uint32_t max_passed_fds_per_uid = 1024;
   // Who may use the pools sessions create (PoolOwner.access).
   v1::PoolAccess pool_access = v1::POOL_ACCESS_OWNER;
+  // How long an Alloc waits for a filling pool's pages when the request
+  // does not say (--pool_fill_wait).
+  absl::Duration fill_wait = absl::Seconds(60);
   // Shared-memory names may also belong to another uid if the segment is
   // group read-write in this group and the session's peer is a member;
   // unset: only the peer's own segments.

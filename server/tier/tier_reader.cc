@@ -182,9 +182,14 @@ uint64_t TierReader::Publish(const Job& job,
       pages.size(), allocator.free_pages() + unreferenced);
   absl::StatusOr<std::vector<PageRun>> runs =
       n == 0 ? absl::ResourceExhaustedError("no free or evictable page")
-             : allocator.Allocate(n, kTierOwner, [&cache](uint64_t needed) {
-                 return cache.EvictForAllocation(needed);
-               });
+             // Never waits for a pool still filling: a fetch it cannot
+             // place now counts as no space.
+             : allocator.Allocate(
+                   n, kTierOwner,
+                   [&cache](uint64_t needed) {
+                     return cache.EvictForAllocation(needed);
+                   },
+                   absl::InfinitePast());
   if (!runs.ok()) {
     counters_->fetch_no_space.fetch_add(pages.size());
     return 0;

@@ -126,12 +126,19 @@ class GpuBackend {
 
   // The devices, for logs ("1 device: 0 NVIDIA H200 (sm_90, 139.8 GiB)").
   virtual std::string Describe() const = 0;
+  // The PCI bus id of device 0 ("0000:3B:00.0"), where pools' memory goes
+  // by default (--numa_node=auto); empty if unknown.
+  virtual std::string PciBusId() const { return ""; }
 
   // Starts pinning [base, base + bytes) in chunks whose sizes are multiples
-  // of `align` (so that no pool page straddles two registrations).
-  // `done(ok)` runs on the pinning thread when it finishes.
+  // of `align` (so that no pool page straddles two registrations), once
+  // `wait_resident` (called on the pinning thread first; may be null)
+  // returned OK: the pool's memory is resident, so registering it faults
+  // nothing in. Its error fails the pinning. `done(ok)` runs on the
+  // pinning thread when it finishes.
   virtual std::unique_ptr<PoolPinning> StartPinning(
       const std::string& pool, uint8_t* base, uint64_t bytes, uint64_t align,
+      std::function<absl::Status()> wait_resident,
       std::function<void(bool ok)> done) = 0;
 
   // Opens the buffers of a registration (CUDA IPC), checks each against its

@@ -42,7 +42,7 @@ Result RunScenario(bool fair, uint64_t a_op_bytes, int a_ops,
   MemoryBudget budget(0, 0, [] { return uint64_t{1} << 40; });
   const std::string prefix =
       absl::StrCat("/hostkv-fairness-bench.", getpid(), ".");
-  PoolRegistry pools(&budget, prefix, threads);
+  PoolRegistry pools(&budget, prefix, PoolFillOptions{threads});
   v1::PoolSpec spec;
   spec.set_name("p");
   auto* mha = spec.mutable_geometry()->mutable_mha();

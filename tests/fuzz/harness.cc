@@ -19,7 +19,7 @@ namespace hostkv::fuzz {
 Harness::Harness()
     : prefix_(absl::StrCat("/hostkv-fuzz.", getpid(), ".")),
       budget_(kBudgetBytes, 0, [] { return uint64_t{1} << 40; }),
-      pools_(&budget_, prefix_, 1, /*gpu=*/nullptr, MakePoolQuota()),
+      pools_(&budget_, prefix_, PoolFillOptions{1}, /*gpu=*/nullptr, MakePoolQuota()),
       sessions_(prefix_, kSignalRecords, MakeSessionLimits(), &budget_),
       transfers_(2, /*metrics=*/nullptr),
       handler_(MakeLimits(prefix_), &budget_, &pools_, &sessions_,

@@ -132,7 +132,7 @@ void FuzzPoolLedger(const uint8_t* data, size_t size) {
     pool_bytes[i] = page >= kFirstFreePage ? 0 : static_cast<uint8_t>(page + 1);
   }
   MemoryBudget budget(0, 0, [] { return uint64_t{1} << 40; });
-  PoolRegistry registry(&budget, "/hostkv-fuzz-ledger.", 1);
+  PoolRegistry registry(&budget, "/hostkv-fuzz-ledger.", PoolFillOptions{1});
   registry.namespaces().Adopt("ns", NamespaceOwner{true, 0});
   const absl::flat_hash_set<OwnerTag> live = {5};
   PoolAdoption report;

@@ -118,7 +118,7 @@ class ScriptedBackend : public GpuBackend {
   std::string Describe() const override { return "scripted"; }
   std::unique_ptr<PoolPinning> StartPinning(
       const std::string&, uint8_t*, uint64_t, uint64_t,
-      std::function<void(bool)> done) override {
+      std::function<absl::Status()>, std::function<void(bool)> done) override {
     auto pinning = std::make_unique<ScriptedPinning>(std::move(done));
     absl::MutexLock lock(&mu_);
     pinnings_.push_back(pinning.get());
@@ -262,7 +262,7 @@ class GpuRoutingTest : public ::testing::Test {
  protected:
   GpuRoutingTest()
       : budget_(0, 0, [] { return uint64_t{1} << 40; }),
-        pools_(&budget_, Prefix(), 1, &gpu_),
+        pools_(&budget_, Prefix(), PoolFillOptions{1}, &gpu_),
         sessions_(Prefix(), 8),
         transfers_(1, nullptr, &gpu_),
         handler_(RequestLimits{1 << 16, Prefix()}, &budget_, &pools_,

@@ -35,7 +35,7 @@ class HandlerFixture : public ::testing::Test {
   explicit HandlerFixture(RequestLimits limits = RequestLimits{1 << 16, Prefix()},
                           CacheOptions cache = {})
       : budget_(0, 0, [] { return uint64_t{1} << 40; }),
-        pools_(&budget_, Prefix(), 1, nullptr, PoolQuota{}, cache),
+        pools_(&budget_, Prefix(), PoolFillOptions{1}, nullptr, PoolQuota{}, cache),
         sessions_(Prefix(), 4),
         transfers_(2, nullptr),
         handler_(std::move(limits), &budget_, &pools_, &sessions_, &transfers_) {}

@@ -92,7 +92,7 @@ TEST_F(RequestHandlerTest, AttachNeedsTheSameMlaRowWidth) {
 
 TEST_F(RequestHandlerTest, PoolOverBudgetIsRefusedAndNotCreated) {
   MemoryBudget small(1000, 0, [] { return uint64_t{1} << 40; });
-  PoolRegistry pools(&small, Prefix() + "small.", 1);
+  PoolRegistry pools(&small, Prefix() + "small.", PoolFillOptions{1});
   EXPECT_ERROR(ResourceExhausted,
                pools.Create(Spec("big"), false,
                             OwnerFor(Principal{}, v1::POOL_ACCESS_OWNER), Principal{}));

@@ -46,7 +46,7 @@ class GateBackend : public GpuBackend {
   std::string Describe() const override { return "gate"; }
   std::unique_ptr<PoolPinning> StartPinning(
       const std::string&, uint8_t*, uint64_t, uint64_t,
-      std::function<void(bool)>) override {
+      std::function<absl::Status()>, std::function<void(bool)>) override {
     return nullptr;
   }
   absl::StatusOr<std::unique_ptr<DeviceImport>> OpenImport(
@@ -112,7 +112,7 @@ class TransferEngineTest : public ::testing::Test {
  protected:
   TransferEngineTest()
       : budget_(0, 0, [] { return uint64_t{1} << 40; }),
-        pools_(&budget_, Prefix(), 1) {
+        pools_(&budget_, Prefix(), PoolFillOptions{1}) {
     v1::PoolSpec spec;
     spec.set_name("p");
     auto* mha = spec.mutable_geometry()->mutable_mha();

@@ -216,6 +216,16 @@ class Client {
   // Allocates num_tokens host slots (a multiple of the page size).
   absl::StatusOr<std::vector<PageRange>> Alloc(const std::string& pool,
                                                uint64_t num_tokens);
+  // While the pool is still being made resident (PoolStats.fill_state):
+  // wait up to fill_wait_ms for its pages (0: the daemon's --pool_fill_wait),
+  // then DeadlineExceeded; or with fill_no_wait, FailedPrecondition at once.
+  struct AllocOptions {
+    uint32_t fill_wait_ms = 0;
+    bool fill_no_wait = false;
+  };
+  absl::StatusOr<std::vector<PageRange>> Alloc(const std::string& pool,
+                                               uint64_t num_tokens,
+                                               const AllocOptions& options);
   // Frees pages; returns how many were freed.
   absl::StatusOr<uint64_t> Free(const std::string& pool,
                                 const std::vector<PageRange>& pages);

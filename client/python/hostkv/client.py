@@ -610,14 +610,20 @@ class Client(CacheCalls):
 
     # -- host pages ------------------------------------------------------
 
-    def alloc(self, pool, num_tokens, wait=True):
+    def alloc(self, pool, num_tokens, wait=True, fill_wait_ms=0,
+              fill_no_wait=False):
         """Allocates num_tokens host slots (a multiple of the page size).
 
         Returns [(first_page, num_pages), ...]; ResourceExhausted when full.
         wait=False: Unavailable at once if hostkvd does not answer.
+        While the pool is still being made resident (pool stats'
+        fill_state): waits up to fill_wait_ms for its pages (0: the daemon's
+        --pool_fill_wait), then DeadlineExceeded; fill_no_wait=True:
+        FailedPrecondition at once.
         """
         response = self._call(self._stub.Alloc, pb.AllocRequest(
-            session_id=self.session_id, pool=pool, num_tokens=num_tokens), wait)
+            session_id=self.session_id, pool=pool, num_tokens=num_tokens,
+            fill_wait_ms=fill_wait_ms, fill_no_wait=fill_no_wait), wait)
         return [(r.first_page, r.num_pages) for r in response.pages]
 
     def free(self, pool, pages):

@@ -138,7 +138,7 @@ class AdoptionTest : public ::testing::Test {
   // kept session (two pages), one by the gone session (one page).
   void RunFirstDaemon(bool cut_publish = false) {
     ASSIGN_OR_FAIL(keeper, StateKeeper::Connect(keeper_.path(), false, absl::Seconds(60)));
-    PoolRegistry first(&budget_, "/hostkv-test.", 1);
+    PoolRegistry first(&budget_, "/hostkv-test.", PoolFillOptions{1});
     first.set_keeper(keeper.get());
     ASSIGN_OR_FAIL(pool, first.Create(Spec(), false, v1::PoolOwner(), Principal{}));
     ASSIGN_OR_FAIL(kept, pool->allocator().Allocate(3, kKept));
@@ -199,7 +199,7 @@ class AdoptionTest : public ::testing::Test {
       munmap(map, bytes);
     }
     ASSIGN_OR_FAIL(ledger, PoolLedger::Open(std::move(ledger_fd), "the ledger"));
-    second_ = std::make_unique<PoolRegistry>(&budget2_, "/hostkv-test.", 1);
+    second_ = std::make_unique<PoolRegistry>(&budget2_, "/hostkv-test.", PoolFillOptions{1});
     second_->set_keeper(keeper.get());
     second_->namespaces().Adopt("ns", NamespaceOwner{true, 0});
     const absl::flat_hash_set<OwnerTag> live = {kKept};
@@ -291,7 +291,7 @@ TEST_F(AdoptionTest, AKeyOfANamespaceWithoutOwnerIsNotServed) {
   ASSIGN_OR_FAIL(keeper, StateKeeper::Connect(keeper_.path(), false, absl::Seconds(60)));
   ASSIGN_OR_FAIL(items, keeper->Collect());
   ASSIGN_OR_FAIL(ledger, PoolLedger::Open(std::move(items[PoolLedgerKeepName("kept")]), "l"));
-  PoolRegistry second(&budget2_, "/hostkv-test.", 1);
+  PoolRegistry second(&budget2_, "/hostkv-test.", PoolFillOptions{1});
   PoolAdoption report;
   ASSIGN_OR_FAIL(pool, second.Adopt(std::move(ledger),
                                     std::move(items[PoolSegmentKeepName("kept")]),
@@ -336,7 +336,7 @@ TEST(PoolKeepingTest, APoolCreatedAsItsNamesakeIsDeletedStaysKept) {
   ASSIGN_OR_FAIL(keeper, StateKeeper::Connect(keeper_process.path(), false,
                                               absl::Seconds(60)));
   MemoryBudget budget{0, 0, [] { return uint64_t{1} << 40; }};
-  PoolRegistry registry(&budget, "/hostkv-test-race.", 1);
+  PoolRegistry registry(&budget, "/hostkv-test-race.", PoolFillOptions{1});
   registry.set_keeper(keeper.get());
   const Principal root{PeerCredentials{}};  // uid 0
   v1::PoolSpec first = Spec();
