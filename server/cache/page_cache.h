@@ -308,6 +308,10 @@ class PageCache {
   uint32_t References(uint64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
   // References `session` holds, on all pages.
   uint64_t ReferencesHeldBy(OwnerTag session) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages referenced by anyone but `holder` (the pages only `holder`
+  // references left out): what keeps a pool from being deleted, the digest
+  // thread's short hold (kCacheOwner) aside.
+  uint64_t PagesReferencedBeyond(OwnerTag holder) const ABSL_LOCKS_EXCLUDED(mu_);
   // Their sum over `sessions` (one lock).
   uint64_t ReferencesHeldBy(absl::Span<const OwnerTag> sessions) const
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -153,4 +153,15 @@ uint64_t PageCache::ReferencesHeldBy(OwnerTag session) const {
   return it == refs_.end() ? 0 : it->second.total;
 }
 
+uint64_t PageCache::PagesReferencedBeyond(OwnerTag holder) const {
+  absl::MutexLock lock(&mu_);
+  uint64_t pages = total_.referenced;
+  auto it = refs_.find(holder);
+  if (it == refs_.end()) return pages;
+  for (const auto& [page, count] : it->second.by_page) {
+    if (CachedLocked(page) && At(page).refs == count) --pages;
+  }
+  return pages;
+}
+
 }  // namespace hostkv

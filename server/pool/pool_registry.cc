@@ -344,7 +344,9 @@ absl::StatusOr<std::shared_ptr<HostPool>> PoolRegistry::DeleteLocked(
   const SlotAllocator::Occupancy occupancy = pool.allocator().Snapshot();
   const uint64_t used =
       pool.allocator().num_pages() - occupancy.free_pages - occupancy.cached_pages;
-  const uint64_t referenced = pool.cache().referenced_pages();
+  // The digest thread's hold on the page it reads is no use of the pool
+  // (its job keeps the pool's memory mapped until it is done).
+  const uint64_t referenced = pool.cache().PagesReferencedBeyond(kCacheOwner);
   if (used != 0 || referenced != 0 || pool.imports().load() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pool '", name, "' is in use: ", used, " pages allocated, ",
