@@ -76,7 +76,9 @@ class HandlerFixture : public ::testing::Test {
   }
 
   // Creates pool `name` as this process's uid, through a session that
-  // closes again.
+  // closes again, and waits until all its memory is resident (a pool fills
+  // in the background: pages not yet resident are handed out to nobody,
+  // the tier's fetches included).
   void CreatePool(const std::string& name) {
     v1::CreatePoolRequest request;
     *request.mutable_spec() = Spec(name);
@@ -85,6 +87,9 @@ class HandlerFixture : public ::testing::Test {
     v1::CloseSessionRequest close;
     close.set_session_id(request.session_id());
     ASSERT_OK(handler_.CloseSession(close));
+    auto pool = pools_.Get(name);
+    ASSERT_OK(pool);
+    ASSERT_OK((*pool)->WaitFilled());
   }
 
   v1::AllocResponse Alloc(const SessionId& session, uint64_t tokens,
