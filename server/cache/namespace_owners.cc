@@ -85,15 +85,23 @@ absl::Status NamespaceOwners::CheckUseLocked(const std::string& pool,
       " may not publish or look up in it (hostkvd --cache_share widens this)"));
 }
 
+absl::Status NamespaceOwners::NoteUseLocked(const std::string& pool,
+                                            absl::string_view name_space,
+                                            Claim& claim,
+                                            const Principal& who) const {
+  absl::Status allowed = CheckUseLocked(pool, name_space, claim.owner, who);
+  // Only a use the claim allows keeps it: refused attempts of others would
+  // otherwise keep the owner's share taken for ever.
+  if (allowed.ok()) claim.last_use = ++uses_;
+  return allowed;
+}
+
 absl::Status NamespaceOwners::ClaimOrCheck(const std::string& pool,
                                            absl::string_view name_space,
                                            const Principal& who) {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(name_space);
-  if (it != owners_.end()) {
-    it->second.last_use = ++uses_;
-    return CheckUseLocked(pool, name_space, it->second.owner, who);
-  }
+  if (it != owners_.end()) return NoteUseLocked(pool, name_space, it->second, who);
   RETURN_IF_ERROR(CheckReservedName(absl::StrCat("cache namespace of pool '", pool, "'"),
                                     name_space, who));
   const NamespaceOwner owner = OwnerFor(who);
@@ -126,8 +134,7 @@ absl::Status NamespaceOwners::CheckUse(const std::string& pool,
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(name_space);
   if (it == owners_.end()) return absl::OkStatus();
-  it->second.last_use = ++uses_;
-  return CheckUseLocked(pool, name_space, it->second.owner, who);
+  return NoteUseLocked(pool, name_space, it->second, who);
 }
 
 std::optional<NamespaceOwner> NamespaceOwners::OwnerOf(

@@ -96,7 +96,8 @@ class NamespaceOwners {
   // `in_use(name, owner)` says whether pages are cached in the namespace
   // (any pool) or its owner still has a session open. A claim is given
   // back when it is found unused at two calls in a row (the sweep's
-  // period apart) with no publish or lookup in it since: a publish that
+  // period apart) with no publish or lookup in it by a user it allows
+  // since (refused attempts do not keep it): a publish that
   // passed its check meanwhile has a session, or its pages are cached.
   // Its tier values stay under its owner's scope (tier_keys.h), so a next
   // owner of the name never reads them. Returns the names given back.
@@ -126,6 +127,11 @@ class NamespaceOwners {
     uint64_t last_use = 0;   // uses_ at its last claim, publish or lookup
     uint64_t unused_at = 0;  // last_use + 1 once a sweep found it unused
   };
+  // CheckUseLocked, noting an allowed use (ReleaseUnused keeps the claim).
+  absl::Status NoteUseLocked(const std::string& pool, absl::string_view name_space,
+                             Claim& claim, const Principal& who) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   ClaimRecorder recorder_;
   ClaimRecorder releaser_;
   mutable absl::Mutex mu_;

@@ -52,6 +52,17 @@ TEST(NamespaceOwnersTest, AUseBetweenSweepsKeepsTheClaim) {
   EXPECT_EQ(owners.ReleaseUnused(Nothing()), std::vector<std::string>{"ns"});
 }
 
+TEST(NamespaceOwnersTest, RefusedAttemptsOfOthersDoNotKeepAClaim) {
+  NamespaceOwners owners(CacheSharing{}, 4);
+  ASSERT_TRUE(owners.ClaimOrCheck("p", "ns", Uid(1001)).ok());
+  EXPECT_TRUE(owners.ReleaseUnused(Nothing()).empty());
+  EXPECT_EQ(owners.ClaimOrCheck("p", "ns", Uid(1002)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(owners.CheckUse("p", "ns", Uid(1002)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(owners.ReleaseUnused(Nothing()), std::vector<std::string>{"ns"});
+}
+
 TEST(NamespaceOwnersTest, AClaimInUseIsKept) {
   NamespaceOwners owners(CacheSharing{}, 4);
   ASSERT_TRUE(owners.ClaimOrCheck("p", "cached", Uid(1001)).ok());
