@@ -35,8 +35,13 @@ manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
     directory and again on the re-used one, leaving it the image uid's, 0750;
   - the daemon and the engines run as the image's uid (CPU backend: the
     daemon opens the engines' 0600 shared-memory device buffers);
-  - every hostkvd image reference is the same, tagged with the project
-    version;
+  - every hostkvd image reference of a file is the same, tagged with the
+    project version (the GPU image: VERSION-cuda);
+  - the GPU image's daemon: the pod has a runtimeClassName (the NVIDIA
+    runtime mounts the driver), the daemon requests no nvidia.com/gpu and
+    sees every GPU (NVIDIA_VISIBLE_DEVICES=all, capabilities with compute);
+    its engines request GPUs and share PIDs with it (shareProcessNamespace
+    in its pod, hostPID + hostIPC on both pods across pods);
   - a storage tier (--tier) points at what the file provides: a
     redis://NAME.NAMESPACE.svc:PORT at a Service of the file with that port,
     file:PATH / redis+unix:PATH in a mounted volume (writable unless
@@ -52,13 +57,19 @@ manifests: every YAML file under deploy/ (Kubernetes objects or a Compose
     daemon started for the test get that very mode;
   - with --metrics_token_file, /metrics answers 401 without the token and
     serves with it.
-dockerfile: the Dockerfile's runtime stage runs as a non-root numeric user
-  (the one the manifests name), has HEALTHCHECK `hostkv ... health` on the
+dockerfile: for each image (target runtime, the CPU image and the default;
+  target runtime-gpu, the CUDA image; each with what it inherits from
+  runtime-base): it runs as a non-root numeric user (the one the manifests
+  name), has HEALTHCHECK `hostkv ... health` on the
   socket of its CMD's --listen, STOPSIGNAL SIGTERM, VOLUME = the socket
   directory, EXPOSE only ports its flags listen on, no compiler or -dev
   package, the runtime libraries `ldd` finds for hostkvd and hostkv (Debian
   package closure), a build stage with the project's non-test packages
-  (deploy/install_deps.sh); the build context (.dockerignore + COPY) holds
+  (deploy/install_deps.sh) and the backend (-DHOSTKV_ENABLE_CUDA=OFF / ON,
+  the GPU build checking that its hostkvd has the CUDA backend), the GPU
+  image's NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES with
+  compute (none in the CPU image); base images pinned by digest (FROM a
+  global ARG: its default); the build context (.dockerignore + COPY) holds
   what CMake needs to configure hostkvd and hostkv; the entrypoint restarts
   cleanly after the daemon was SIGKILLed (pid namespace + private /dev/shm,
   skipped where unshare is not permitted).
@@ -85,6 +96,8 @@ SOCKET_ENV = "HOSTKV_TARGET"
 CONFIG_PATH = "/etc/hostkv/hostkvd.textproto"
 CONFIG_DIR = os.path.dirname(CONFIG_PATH)
 HEALTH_WORD = "health"
+# The GPU image's tag: the version and this (Dockerfile target runtime-gpu).
+GPU_TAG_SUFFIX = "-cuda"
 # Memory a daemon container needs beyond --memory_budget (gRPC, copy threads,
 # signal records, page I/O buffers).
 MIN_OVERHEAD = 512 << 20
@@ -997,15 +1010,20 @@ def check_k8s_file(path, docs, protos, cli, workdir):
         for port in tcp_ports(values):
             F.check(port in declared, where, f"listens on TCP port {port} (flags) but does not "
                                              f"declare it in ports")
-        sockets.append((socket_path, sock_src, shm, uid, spec))
+        gpu = is_gpu_image(c.get("image", ""))
+        if gpu:
+            check_k8s_gpu_daemon(spec, c, where)
+        sockets.append((socket_path, sock_src, shm, uid, spec, gpu))
 
     for where, spec, c in engines:
         target = next(e.get("value") for e in c.get("env") or [] if e.get("name") == SOCKET_ENV)
         matched = False
-        for socket_path, sock_src, shm, uid, dspec in sockets:
+        for socket_path, sock_src, shm, uid, dspec, gpu in sockets:
             if target != f"unix:{socket_path}":
                 continue
             matched = True
+            if gpu:
+                check_k8s_gpu_engine(spec, dspec, c, where)
             src = socket_source(spec, c, os.path.dirname(socket_path), where)
             eshm = shm_source(spec, c, where)
             if dspec is spec:
@@ -1030,6 +1048,45 @@ def check_k8s_file(path, docs, protos, cli, workdir):
                     f"(mode 0660; runAsGroup, fsGroup or supplementalGroups {uid})")
         F.check(matched, where, f"{SOCKET_ENV}={target} is not the socket of any hostkvd in "
                                 f"the file ({[s[0] for s in sockets]})")
+
+
+def is_gpu_image(image):
+    return is_hostkvd_image(image) and str(image).endswith(GPU_TAG_SUFFIX)
+
+
+def gpu_request(c):
+    res = c.get("resources") or {}
+    return any("nvidia.com/gpu" in (res.get(k) or {}) for k in ("limits", "requests"))
+
+
+def check_k8s_gpu_daemon(spec, c, where):
+    """The GPU image's daemon: the NVIDIA runtime mounts the driver and every
+    GPU of the node, and the daemon takes no GPU from the engines."""
+    F.check(spec.get("runtimeClassName"), where,
+            "the GPU image without runtimeClassName: no NVIDIA runtime mounts the driver")
+    F.check(not gpu_request(c), where,
+            "requests nvidia.com/gpu: the device plugin would give the daemon GPUs the engines "
+            "then cannot have (NVIDIA_VISIBLE_DEVICES=all shows it every GPU instead)")
+    env = {e.get("name"): str(e.get("value")) for e in c.get("env") or []}
+    F.check(env.get("NVIDIA_VISIBLE_DEVICES", "all") == "all", where,
+            f"NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES')}: the daemon opens the "
+            f"engines' buffers on whichever GPU they are")
+    caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility").split(",")
+    F.check("compute" in caps or "all" in caps, where,
+            "NVIDIA_DRIVER_CAPABILITIES without compute: libcuda is not mounted")
+
+
+def check_k8s_gpu_engine(spec, dspec, c, where):
+    """CUDA IPC names the exporting process by pid: the engine and hostkvd
+    must see each other's pids and share the IPC namespace."""
+    F.check(gpu_request(c), where, "an engine of the GPU daemon requests no nvidia.com/gpu")
+    if dspec is spec:
+        F.check(spec.get("shareProcessNamespace") is True, where,
+                "same pod as the GPU daemon without shareProcessNamespace: true (CUDA IPC)")
+    else:
+        for name, pod in (("engine", spec), ("daemon", dspec)):
+            F.check(pod.get("hostPID") is True and pod.get("hostIPC") is True, where,
+                    f"the {name} pod lacks hostPID/hostIPC: CUDA IPC across pods needs both")
 
 
 def check_config_flags(config, where):
@@ -1210,16 +1267,50 @@ def apt_installs(run_text):
 
 
 def parse_dockerfile():
-    """Stages and facts the manifests depend on (uid, image repo, version)."""
-    stages = []
+    """Stages and facts the manifests depend on (uid, image repo, version).
+    FROM may name a global ARG (ARG X=default before the first FROM): "from"
+    is then the default it resolves to. "ins" are a stage's own instructions,
+    "all" those it inherits from the stages it is built FROM, then its own."""
+    stages, args = [], {}
+
+    def expand(text):
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), ""),
+                      text)
+
     for n, word, rest in dockerfile_instructions(DOCKERFILE):
-        if word == "FROM":
+        if word == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip().strip('"')
+        elif word == "FROM":
             parts = rest.split()
             name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None
-            stages.append({"from": parts[0], "name": name, "line": n, "ins": []})
+            stages.append({"from": expand(parts[0]), "written": parts[0], "name": name, "line": n,
+                           "ins": []})
         elif stages:
             stages[-1]["ins"].append((n, word, rest))
+    by_name = {}
+    for stage in stages:
+        parent = by_name.get(stage["from"])
+        stage["parent"] = parent
+        stage["all"] = (parent["all"] if parent else []) + stage["ins"]
+        if stage["name"]:
+            by_name[stage["name"]] = stage
     return stages
+
+
+def stage_named(stages, name):
+    return next((s for s in stages if s["name"] == name), None)
+
+
+def root_image(stage):
+    while stage["parent"] is not None:
+        stage = stage["parent"]
+    return stage["from"]
+
+
+# The images the Dockerfile builds: (target stage, the build stage its
+# binaries come from, whether that build has the CUDA backend).
+IMAGE_TARGETS = (("runtime", "build", False), ("runtime-gpu", "build-gpu", True))
 
 
 def check_dockerfile(workdir, cli):
@@ -1227,66 +1318,108 @@ def check_dockerfile(workdir, cli):
     stages = parse_dockerfile()
     if not F.check(len(stages) >= 2, where, "not a multi-stage build"):
         return
-    build, runtime = stages[0], stages[-1]
-    names = {s["name"] for s in stages if s["name"]}
-    F.check(runtime["from"] not in names, where,
-            f"the runtime stage starts FROM stage {runtime['from']} (inherits its toolchain)")
-    F.check(not re.search(r"(devel|-dev\b)", runtime["from"]), where,
-            f"runtime base {runtime['from']} is a development image")
+    F.check(stages[-1]["name"] == "runtime", where,
+            f"the last stage (the default target) is {stages[-1]['name']}, not runtime (the CPU "
+            f"image)")
     for stage in stages:
-        if stage["from"] in names:
+        if stage["parent"] is not None or stage["from"] == "scratch":
             continue
         F.check(re.fullmatch(r"[a-z0-9./-]+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}", stage["from"]),
                 where, f"line {stage['line']}: base image {stage['from']} is not pinned by "
                        f"digest (IMAGE:TAG@sha256:...): a tag moves under a rebuild")
+    with open(os.path.join(SOURCE, "deploy", "install_deps.sh")) as f:
+        m = re.search(r"PACKAGES=\(([^)]*)\)", f.read())
+    needed = [p for p in (m.group(1).split() if m else []) if not TEST_ONLY.match(p)]
+    socket_path, cmd = None, []
+    for target, build_name, cuda in IMAGE_TARGETS:
+        runtime, build = stage_named(stages, target), stage_named(stages, build_name)
+        if not F.check(runtime is not None and build is not None, where,
+                       f"no stage {target} built from stage {build_name}"):
+            continue
+        socket_path, cmd = check_image_stage(runtime, build, cuda, needed, workdir, cli)
+    runtime, build = stage_named(stages, "runtime"), stage_named(stages, "build")
+    if runtime is None or build is None:
+        return
+    if socket_path:
+        hc = last_instruction(runtime, "HEALTHCHECK")
+        m = re.search(r"\bCMD\s+(.*)$", hc or "")
+        argv = exec_form(m.group(1)) if m else []
+        if health_command_ok(argv, socket_path, where, "HEALTHCHECK CMD"):
+            run_daemon(cmd, PROTOS, None, where, [(f"{where}: HEALTHCHECK", argv, socket_path)],
+                       cli, workdir)
+    r = subprocess.run(["sh", "-n", os.path.join(SOURCE, "deploy", "entrypoint.sh")],
+                       capture_output=True, text=True)
+    F.check(r.returncode == 0, "deploy/entrypoint.sh", f"sh -n: {r.stderr}")
+    runtime_pkgs = []
+    for _, w, rest in runtime["all"]:
+        if w == "RUN":
+            runtime_pkgs += apt_installs(rest)
+    check_runtime_libraries(runtime_pkgs, where)
+    check_build_context(build, workdir)
+    check_entrypoint_restart(workdir)
+    lint = os.environ.get("DOCKERFILELINT")
+    if lint:
+        r = subprocess.run([lint, DOCKERFILE], capture_output=True, text=True)
+        F.check(r.returncode == 0, where, f"dockerfilelint:\n{r.stdout}{r.stderr}")
 
-    def last(stage, word):
-        found = [rest for _, w, rest in stage["ins"] if w == word]
-        return found[-1] if found else None
+
+def last_instruction(stage, word):
+    found = [rest for _, w, rest in stage["all"] if w == word]
+    return found[-1] if found else None
+
+
+def check_image_stage(runtime, build, cuda, needed, workdir, cli):
+    """One image (target stage) with the instructions it inherits; returns
+    (the socket its CMD listens on, the CMD)."""
+    where = f"Dockerfile: {runtime['name']}"
+    chain, stage = [], runtime
+    while stage is not None:
+        chain.append(stage)
+        stage = stage["parent"]
+    F.check(not any(s is build or s["name"] in ("toolchain", "build", "build-gpu")
+                    for s in chain), where,
+            f"the image is built FROM a build stage (inherits its toolchain): "
+            f"{[s['name'] for s in chain]}")
+    F.check(not re.search(r"(devel|-dev\b)", root_image(runtime)), where,
+            f"runtime base {root_image(runtime)} is a development image")
+    last = lambda word: last_instruction(runtime, word)  # noqa: E731
 
     # User.
-    user = last(runtime, "USER")
+    user = last("USER")
     if F.check(user is not None, where, "the runtime stage has no USER (runs as root)"):
         uid = user.split(":")[0]
         F.check(uid.isdigit() and uid != "0", where,
                 f"USER {user}: must be a non-root numeric uid (runAsNonRoot can verify it)")
-        runs = " ".join(rest for _, w, rest in runtime["ins"] if w == "RUN")
+        runs = " ".join(rest for _, w, rest in runtime["all"] if w == "RUN")
         m = re.search(r"useradd\b[^&;]*--uid\s+(\d+)", runs)
         F.check(m and m.group(1) == uid, where,
                 f"USER {user} is not the uid useradd creates ({m.group(1) if m else None})")
 
     # CMD / ENTRYPOINT / socket.
-    cmd = exec_form(last(runtime, "CMD") or "[]")
+    cmd = exec_form(last("CMD") or "[]")
     values = HOSTKVD.parse_args(cmd, f"{where}: CMD")
     socket_path = listen_socket(HOSTKVD, values, f"{where}: CMD")
-    entrypoint = exec_form(last(runtime, "ENTRYPOINT") or "[]")
-    copies = [rest for _, w, rest in runtime["ins"] if w == "COPY"]
+    entrypoint = exec_form(last("ENTRYPOINT") or "[]")
+    copies = [rest for _, w, rest in runtime["all"] if w == "COPY"]
     F.check(any(c.split()[-1] == entrypoint[0] and "deploy/entrypoint.sh" in c for c in copies)
             if entrypoint else False, where,
             f"ENTRYPOINT {entrypoint} is not deploy/entrypoint.sh copied into the image")
     with open(os.path.join(SOURCE, "deploy", "entrypoint.sh")) as f:
         ep = f.read()
     m = re.search(r"^\s*exec\s+(\S+)", ep, re.M)
-    bin_dirs = [c.split()[-1].rstrip("/") for c in copies if "--from=" in c]
+    binaries = [c for c in copies if f"--from={build['name']} " in c]
+    F.check(binaries, where, f"copies nothing from stage {build['name']}")
+    bin_dirs = [c.split()[-1].rstrip("/") for c in binaries]
     F.check(m and os.path.dirname(m.group(1)) in bin_dirs, where,
             f"entrypoint.sh execs {m.group(1) if m else '?'}, not where hostkvd is copied "
             f"({bin_dirs})")
-    r = subprocess.run(["sh", "-n", os.path.join(SOURCE, "deploy", "entrypoint.sh")],
-                       capture_output=True, text=True)
-    F.check(r.returncode == 0, "deploy/entrypoint.sh", f"sh -n: {r.stderr}")
 
-    # Healthcheck, stop signal, volume, expose.
-    hc = last(runtime, "HEALTHCHECK")
-    if F.check(hc is not None, where, "no HEALTHCHECK") and socket_path:
-        m = re.search(r"\bCMD\s+(.*)$", hc)
-        argv = exec_form(m.group(1)) if m else []
-        if health_command_ok(argv, socket_path, where, "HEALTHCHECK CMD"):
-            run_daemon(cmd, PROTOS, None, where, [(f"{where}: HEALTHCHECK", argv, socket_path)],
-                       cli, workdir)
-    F.check((last(runtime, "STOPSIGNAL") or "").upper() in ("SIGTERM", "15"), where,
+    # Stop signal, volume, expose.
+    F.check(last("HEALTHCHECK") is not None, where, "no HEALTHCHECK")
+    F.check((last("STOPSIGNAL") or "").upper() in ("SIGTERM", "15"), where,
             "STOPSIGNAL should be SIGTERM (hostkvd drains its copies on it)")
     vols = []
-    for _, w, rest in runtime["ins"]:
+    for _, w, rest in runtime["all"]:
         if w == "VOLUME":
             vols += exec_form(rest) if rest.startswith("[") else rest.split()
     if socket_path:
@@ -1294,39 +1427,53 @@ def check_dockerfile(workdir, cli):
                 f"VOLUME {vols} does not hold the socket directory {os.path.dirname(socket_path)}")
     listened = {str(p) for p in tcp_ports(values)}
     exposed = set()
-    for _, w, rest in runtime["ins"]:
+    for _, w, rest in runtime["all"]:
         if w == "EXPOSE":
             exposed |= {p.split("/")[0] for p in rest.split()}
     F.check(exposed == listened, where,
             f"EXPOSE {sorted(exposed)} but the CMD's flags listen on TCP ports {sorted(listened)}")
+    label = " ".join(rest for _, w, rest in runtime["all"] if w == "LABEL")
+    m = re.search(r'org\.opencontainers\.image\.version="?([^"\s]+)', label)
+    F.check(m and m.group(1) == VERSION, where,
+            f"LABEL version {m.group(1) if m else None} is not the project version {VERSION}")
 
-    # Packages: no toolchain at runtime; build stage has the project's packages.
+    # Packages: no toolchain at runtime; the build has the project's packages.
     runtime_pkgs = []
-    for _, w, rest in runtime["ins"]:
+    for _, w, rest in runtime["all"]:
         if w == "RUN":
             runtime_pkgs += apt_installs(rest)
     bad = [p for p in runtime_pkgs if TOOLCHAIN.match(p)]
     F.check(not bad, where, f"the runtime stage installs toolchain/-dev packages {bad}")
-    F.check(not any(re.search(r"--from=\S+\s+\S*(/usr/bin/(gcc|g\+\+|cc|c\+\+|ld)|/usr/include)",
-                              c) for c in copies), where,
-            "the runtime stage copies a compiler or headers")
+    F.check(not any(re.search(r"--from=\S+\s+\S*(/usr/bin/(gcc|g\+\+|cc|c\+\+|ld)|/usr/include"
+                              r"|/usr/local/cuda)", c) for c in copies), where,
+            "the runtime stage copies a compiler, headers or the CUDA toolkit")
     build_pkgs = []
-    for _, w, rest in build["ins"]:
+    for _, w, rest in build["all"]:
         if w == "RUN":
             build_pkgs += apt_installs(rest)
-    with open(os.path.join(SOURCE, "deploy", "install_deps.sh")) as f:
-        m = re.search(r"PACKAGES=\(([^)]*)\)", f.read())
-    needed = [p for p in (m.group(1).split() if m else []) if not TEST_ONLY.match(p)]
     missing = [p for p in needed if p not in build_pkgs]
-    F.check(not missing, where, f"the build stage lacks {missing} (deploy/install_deps.sh "
-                                f"installs them for the build)")
-    check_runtime_libraries(runtime_pkgs, where)
-    check_build_context(stages, workdir)
-    check_entrypoint_restart(workdir)
-    lint = os.environ.get("DOCKERFILELINT")
-    if lint:
-        r = subprocess.run([lint, DOCKERFILE], capture_output=True, text=True)
-        F.check(r.returncode == 0, where, f"dockerfilelint:\n{r.stdout}{r.stderr}")
+    F.check(not missing, where, f"stage {build['name']} lacks {missing} "
+                                f"(deploy/install_deps.sh installs them for the build)")
+
+    # The backend: the build's cmake, and what the GPU image needs at run time.
+    runs = " ".join(rest for _, w, rest in build["ins"] if w == "RUN")
+    want = "ON" if cuda else "OFF"
+    F.check(f"-DHOSTKV_ENABLE_CUDA={want}" in runs, where,
+            f"stage {build['name']} does not configure -DHOSTKV_ENABLE_CUDA={want}")
+    envs = " ".join(rest for _, w, rest in runtime["all"] if w == "ENV")
+    if cuda:
+        F.check("-DCMAKE_CUDA_COMPILER=" in runs, where,
+                f"stage {build['name']} does not name its nvcc (CMAKE_CUDA_COMPILER)")
+        F.check(re.search(r"hostkvd --version \| grep -q 'cuda", runs), where,
+                f"stage {build['name']} does not check that its hostkvd has the CUDA backend")
+        F.check(re.search(r"NVIDIA_VISIBLE_DEVICES=all\b", envs), where,
+                "no ENV NVIDIA_VISIBLE_DEVICES=all (the NVIDIA runtime then mounts no driver)")
+        m = re.search(r"NVIDIA_DRIVER_CAPABILITIES=(\S+)", envs)
+        F.check(m and "compute" in m.group(1).split(","), where,
+                "NVIDIA_DRIVER_CAPABILITIES lacks compute (libcuda is not mounted without it)")
+    else:
+        F.check("NVIDIA_" not in envs, where, "the CPU image asks the NVIDIA runtime for GPUs")
+    return socket_path, cmd
 
 
 def dpkg_owner(path):
@@ -1403,16 +1550,15 @@ def ignored(rel, patterns):
     return result
 
 
-def check_build_context(stages, workdir):
+def check_build_context(build, workdir):
     """Copies what the build stage COPYs (minus .dockerignore) and runs the
     build stage's cmake configure on it."""
     where = "Dockerfile"
     patterns = dockerignore_patterns()
     ctx = os.path.join(workdir, "context")
     os.makedirs(ctx)
-    build = stages[0]
     workdir_in_image = "/"
-    for _, w, rest in build["ins"]:
+    for _, w, rest in build["all"]:
         if w == "WORKDIR":
             workdir_in_image = rest
         if w != "COPY" or "--from=" in rest:
@@ -1452,7 +1598,7 @@ def check_build_context(stages, workdir):
     for rel in ("deploy/entrypoint.sh",):
         F.check(not ignored(rel, patterns), where, f"{rel} is excluded by .dockerignore but "
                                                    f"the runtime stage copies it")
-    runs = " ".join(rest for _, w, rest in build["ins"] if w == "RUN")
+    runs = " ".join(rest for _, w, rest in build["all"] if w == "RUN")
     m = re.search(r"cmake\s+-S\s+\.\s+-B\s+(\S+)((?:\s+-D\S+)*)", runs)
     if not F.check(m is not None, where, "the build stage has no `cmake -S . -B DIR -D...`"):
         return
@@ -1538,11 +1684,18 @@ def check_entrypoint_restart(workdir):
 # ---------------------------------------------------------------------------
 
 def check_images():
+    """One hostkvd image per file (daemon, keeper and init containers run the
+    same build), tagged with the project version, "-cuda" for the GPU image."""
     repos = {img for _, img in IMAGES if is_hostkvd_image(img)}
-    want = f"{IMAGE_REPO}:{VERSION}"
+    wanted = (f"{IMAGE_REPO}:{VERSION}", f"{IMAGE_REPO}:{VERSION}{GPU_TAG_SUFFIX}")
+    per_file = {}
     for where, img in IMAGES:
         if is_hostkvd_image(img):
-            F.check(img == want, where, f"image {img}, expected {want} (the project version)")
+            F.check(img in wanted, where, f"image {img}, expected one of {wanted} (the project "
+                                          f"version)")
+            per_file.setdefault(where.split(":")[0], set()).add(img)
+    for rel, imgs in per_file.items():
+        F.check(len(imgs) == 1, rel, f"runs different hostkvd images {sorted(imgs)}")
     F.check(repos, "deploy/", "no file references the hostkvd image")
 
 
@@ -1564,17 +1717,12 @@ def main():
     with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
         VERSION = re.search(r"project\(\s*hostkv\s+VERSION\s+([0-9.]+)", f.read()).group(1)
     stages = parse_dockerfile()
-    user = next((rest for _, w, rest in reversed(stages[-1]["ins"]) if w == "USER"), "0")
+    user = next((rest for _, w, rest in reversed(stages[-1]["all"]) if w == "USER"), "0")
     IMAGE_UID = int(user.split(":")[0]) if user.split(":")[0].isdigit() else None
-    runs = " ".join(rest for _, w, rest in stages[-1]["ins"] if w == "RUN")
+    runs = " ".join(rest for _, w, rest in stages[-1]["all"] if w == "RUN")
     IMAGE_GROUPS = set(re.findall(r"groupadd\b[^&;]*?\s([A-Za-z_][A-Za-z0-9_-]*)\s*(?:&&|;|$)",
                                   runs))
-    label = " ".join(rest for _, w, rest in stages[-1]["ins"] if w == "LABEL")
-    m = re.search(r'org\.opencontainers\.image\.version="?([^"\s]+)', label)
     IMAGE_REPO = "hostkv/hostkvd"
-    if m:
-        F.check(m.group(1) == VERSION, "Dockerfile",
-                f"LABEL version {m.group(1)} is not the project version {VERSION}")
     note(f"hostkvd flags: {' '.join(sorted(HOSTKVD.flags))}")
     note(f"image {IMAGE_REPO}:{VERSION}, uid {IMAGE_UID}")
 
