@@ -90,7 +90,6 @@ class RingGrant {
 
   // Null for a default-constructed grant.
   RingCpuAccount* cpu() const { return cpu_.get(); }
-  uid_t uid() const { return uid_; }
 
  private:
   friend class RingQuota;

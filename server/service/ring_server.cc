@@ -1,12 +1,8 @@
 #include "server/service/ring_server.h"
 
 #include <sched.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -159,31 +155,9 @@ bool RingServer::WaitForCpu() {
   // The uid's rings used more than their share: this one serves nothing
   // until the share refills. Its client's calls wait meanwhile; no other
   // uid's do.
-  if (!yields_cpu_.load(std::memory_order_relaxed)) YieldCpu();
   stopping_.WaitForNotificationWithTimeout(wait);
   ChargeCpu();
   return true;
-}
-
-void RingServer::YieldCpu() {
-  // The share bounds the uid's CPU on average; on a machine with few cores
-  // its calls would still take a core from other users' threads whenever
-  // the bucket refills. At the lowest priority the scheduler runs them only
-  // where no other thread of normal priority waits for the core. One way
-  // only: without CAP_SYS_NICE a thread cannot raise its priority again,
-  // so the ring keeps it until it ends.
-  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
-  if (setpriority(PRIO_PROCESS, tid, kOverdrawnNice) != 0) {
-    spdlog::warn("command ring: cannot lower the priority of a ring thread "
-                 "whose uid overdrew its CPU share: {}",
-                 std::strerror(errno));
-  } else {
-    spdlog::info("command ring: a ring of uid {} overdrew the uid's CPU share "
-                 "(--ring_cpu_per_uid); its thread runs at nice {} until the "
-                 "ring ends",
-                 grant_.uid(), kOverdrawnNice);
-  }
-  yields_cpu_.store(true);
 }
 
 bool RingServer::ServeSubmitted() {

@@ -58,10 +58,6 @@ class RingServer {
   bool ended() const { return ended_.load(); }
   // Calls answered so far.
   uint64_t calls() const { return calls_.load(); }
-  // The thread runs at kOverdrawnNice: its uid's rings overdrew their CPU
-  // share (--ring_cpu_per_uid) while it had calls to serve.
-  bool yields_cpu() const { return yields_cpu_.load(); }
-  static constexpr int kOverdrawnNice = 19;
 
  private:
   RingServer(RequestHandler* handler, std::string session_id, RingGrant grant,
@@ -76,8 +72,6 @@ class RingServer {
   void ChargeCpu(bool now_or_later = false);
   // Waits while the uid's CPU is overdrawn (or until Stop); true if it did.
   bool WaitForCpu();
-  // Lowers this thread to kOverdrawnNice for the rest of the ring's life.
-  void YieldCpu();
   // Serves every slot submitted now; true if there was one (or if it
   // waited for the uid's CPU share first, having served none).
   bool ServeSubmitted();
@@ -98,7 +92,6 @@ class RingServer {
   std::chrono::steady_clock::time_point charged_at_;  // and when
   static constexpr std::chrono::microseconds kChargeEvery{500};
   std::atomic<bool> ended_{false};
-  std::atomic<bool> yields_cpu_{false};
   std::atomic<uint64_t> calls_{0};
   std::thread thread_;
 };
