@@ -114,6 +114,29 @@ void AppendPageBufferPieces(const PoolGeometry& g, uint64_t page,
   }
 }
 
+void AppendPageRunPieces(const PoolGeometry& g, uint64_t first_page,
+                         uint64_t num_pages, std::vector<BufferPiece>* pieces) {
+  if (num_pages == 0) return;
+  std::vector<BufferPiece> first;
+  std::vector<BufferPiece> last;
+  AppendPageBufferPieces(g, first_page, &first);
+  AppendPageBufferPieces(g, first_page + num_pages - 1, &last);
+  bool contiguous = first.size() == last.size();
+  for (size_t i = 0; contiguous && i < first.size(); ++i) {
+    contiguous = last[i].size == first[i].size &&
+                 last[i].offset == first[i].offset + (num_pages - 1) * first[i].size;
+  }
+  if (contiguous) {
+    for (const BufferPiece& piece : first) {
+      pieces->push_back({piece.offset, piece.size * num_pages});
+    }
+    return;
+  }
+  for (uint64_t page = first_page; page < first_page + num_pages; ++page) {
+    AppendPageBufferPieces(g, page, pieces);
+  }
+}
+
 void CopyPage(const PoolGeometry& g, uint8_t* pool, uint64_t from,
               uint64_t to) {
   std::vector<BufferPiece> source;

@@ -37,6 +37,14 @@ struct BufferPiece {
 void AppendPageBufferPieces(const PoolGeometry& g, uint64_t page,
                             std::vector<BufferPiece>* pieces);
 
+// Appends the pieces of the pages [first_page, first_page + num_pages): in
+// every layout the same piece of the next page follows a page's piece, so a
+// run is one piece per piece of its first page, num_pages times as long
+// (checked on the run's last page; page by page where it does not hold).
+// The pieces cover exactly the bytes of the run's pages, in no set order.
+void AppendPageRunPieces(const PoolGeometry& g, uint64_t first_page,
+                         uint64_t num_pages, std::vector<BufferPiece>* pieces);
+
 // Appends the contiguous pieces of host page `page` in the layout's flat
 // order (CopyPageToFlat's): reading them in order reads the flat page.
 void AppendPageFlatPieces(const PoolGeometry& g, uint64_t page,

@@ -7,7 +7,9 @@
 #
 # Environment: JOBS (build parallelism, default nproc); CTEST_JOBS (default
 # 1: sanitized daemons are slow, parallel e2e tests only invite timeouts);
-# CTEST_ARGS (extra ctest arguments, e.g. "-R e2e_" or "-E copy_plan_test").
+# CTEST_ARGS (extra ctest arguments, e.g. "-R e2e_" or "-E copy_plan_test");
+# BUILD_TARGETS (build only these, e.g. "hostkvd peer_connections_test",
+# with a CTEST_ARGS -R that runs only their tests).
 #
 # Build trees: build-asan / build-tsan at the repository root, configured
 # with CC=clang CXX=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -335,8 +337,9 @@ CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" \
   -DCMAKE_CXX_FLAGS="${cxx_flags}" \
   -DCMAKE_EXE_LINKER_FLAGS="${linker_flags}" >/dev/null
 
-echo "== build (-j${jobs})"
-cmake --build "${build}" -j"${jobs}"
+echo "== build (-j${jobs}${BUILD_TARGETS:+, targets ${BUILD_TARGETS}})"
+# shellcheck disable=SC2086
+cmake --build "${build}" -j"${jobs}" ${BUILD_TARGETS:+--target ${BUILD_TARGETS}}
 
 rm -rf "${reports}"
 mkdir -p "${reports}"

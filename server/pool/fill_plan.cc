@@ -26,29 +26,11 @@ namespace {
 // (every layout today; page_scrubber.cc relies on it too), else every
 // page's pieces.
 std::vector<SegmentRange> PiecesOf(const PoolGeometry& g, const PageRun& run) {
-  std::vector<BufferPiece> first;
-  std::vector<BufferPiece> last;
-  AppendPageBufferPieces(g, run.first_page, &first);
-  AppendPageBufferPieces(g, run.first_page + run.num_pages - 1, &last);
-  bool contiguous = first.size() == last.size();
-  for (size_t i = 0; contiguous && i < first.size(); ++i) {
-    contiguous = last[i].offset ==
-                     first[i].offset + (run.num_pages - 1) * first[i].size &&
-                 last[i].size == first[i].size;
-  }
-  std::vector<SegmentRange> ranges;
-  if (contiguous) {
-    for (const BufferPiece& piece : first) {
-      ranges.push_back({piece.offset, piece.size * run.num_pages});
-    }
-    return ranges;
-  }
   std::vector<BufferPiece> pieces;
-  for (uint64_t p = run.first_page; p < run.first_page + run.num_pages; ++p) {
-    pieces.clear();
-    AppendPageBufferPieces(g, p, &pieces);
-    for (const BufferPiece& piece : pieces) ranges.push_back({piece.offset, piece.size});
-  }
+  AppendPageRunPieces(g, run.first_page, run.num_pages, &pieces);
+  std::vector<SegmentRange> ranges;
+  ranges.reserve(pieces.size());
+  for (const BufferPiece& piece : pieces) ranges.push_back({piece.offset, piece.size});
   return ranges;
 }
 

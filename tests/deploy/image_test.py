@@ -44,7 +44,6 @@ hybrid cgroups, as on the project's build machines), the containers run with
 and volumes, without namespaces of their own.
 """
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -59,7 +58,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from reflection_test import Reflector, reflection_stubs  # noqa: E402
+from reflection_test import Reflector, reflection_stubs, small_pool  # noqa: E402
 from image_inputs import inputs_digest  # noqa: E402
 
 BASE_TAG = "localhost/hostkv-base/debian:bookworm-minbase"
@@ -356,12 +355,9 @@ def drive(images, image, config, source, build, work_dir, use_podman, tag):
               f"reflection lists {services}")
 
         def call(method, request):
-            return refl.unary(channel, "hostkv.v1.HostKV", method, json.dumps(request))
+            return refl.hostkv(channel, method, request)
         sid = call("OpenSession", {"clientName": "grpcurl"})["sessionId"]
-        call("CreatePool", {"sessionId": sid, "spec": {
-            "name": "image-test", "pageSize": 16, "layout": "LAYOUT_PAGE_FIRST",
-            "capacityTokens": "256", "geometry": {
-                "dtype": "DTYPE_BF16", "mha": {"numLayers": 2, "numKvHeads": 1, "headDim": 8}}}})
+        call("CreatePool", small_pool(sid, "image-test"))
         pages = call("Alloc", {"sessionId": sid, "pool": "image-test", "numTokens": 16})["pages"]
         first = int(pages[0].get("firstPage", "0"))
         published = call("Publish", {"sessionId": sid, "pool": "image-test",
@@ -473,8 +469,8 @@ def main():
     if a.record:
         stamp = os.path.join(HERE, "image_test.stamp")
         with open(stamp, "w") as f:
-            f.write(f"# tests/deploy/image_test.py passed on these inputs "
-                    f"(deploy_image_stamp_test compares)\n")
+            f.write("# tests/deploy/image_test.py passed on these inputs "
+                    "(deploy_image_stamp_test compares)\n")
             f.write(f"inputs {inputs_digest(source)}\n")
             f.write(f"images {' '.join(t for t, _, _, _ in targets)}\n")
             f.write(f"commit {commit}\n")

@@ -89,6 +89,18 @@ class Reflector:
                                    response_deserializer=resp_cls.FromString)
         return json.loads(json_format.MessageToJson(call(request, timeout=10)))
 
+    def hostkv(self, channel, method, request):
+        """hostkv.v1.HostKV/`method` with `request` as grpcurl's JSON (a dict)."""
+        return self.unary(channel, "hostkv.v1.HostKV", method, json.dumps(request))
+
+
+def small_pool(session_id, name):
+    """A CreatePool request for a 256-token MHA pool, as grpcurl's JSON."""
+    return {"sessionId": session_id, "spec": {
+        "name": name, "pageSize": 16, "layout": "LAYOUT_PAGE_FIRST",
+        "capacityTokens": "256", "geometry": {
+            "dtype": "DTYPE_BF16", "mha": {"numLayers": 2, "numKvHeads": 1, "headDim": 8}}}}
+
 
 def main():
     hostkvd, cli = sys.argv[1], sys.argv[2]
@@ -139,12 +151,9 @@ def main():
         # (unverified: no session socket) publishes a page, closes, and the
         # page stays cached, visible in GetPoolStats.
         def call(method, request):
-            return reflector.unary(channel, "hostkv.v1.HostKV", method, json.dumps(request))
+            return reflector.hostkv(channel, method, request)
         sid = call("OpenSession", {"clientName": "grpcurl"})["sessionId"]
-        call("CreatePool", {"sessionId": sid, "spec": {
-            "name": "ops", "pageSize": 16, "layout": "LAYOUT_PAGE_FIRST",
-            "capacityTokens": "256", "geometry": {
-                "dtype": "DTYPE_BF16", "mha": {"numLayers": 2, "numKvHeads": 1, "headDim": 8}}}})
+        call("CreatePool", small_pool(sid, "ops"))
         pages = call("Alloc", {"sessionId": sid, "pool": "ops", "numTokens": 32})["pages"]
         first = int(pages[0].get("firstPage", "0"))  # JSON leaves out zeros
         key0, key1 = base64.b64encode(b"page-0").decode(), base64.b64encode(b"page-1").decode()

@@ -213,6 +213,33 @@ TEST_P(PageFormatTest, BufferPiecesHoldTheFlatPageBytes) {
   }
 }
 
+TEST_P(PageFormatTest, RunPiecesCoverExactlyTheRunsPages) {
+  // Every run of the pool: its pieces mark each byte of its pages once and
+  // no other byte.
+  for (uint64_t first = 0; first < kPages; ++first) {
+    for (uint64_t n = 0; first + n <= kPages; ++n) {
+      std::vector<uint8_t> want(g_.total_bytes(), 0);
+      for (uint64_t page = first; page < first + n; ++page) {
+        for (const auto& [offset, size] : ProductionPieces({page})) {
+          for (uint64_t i = 0; i < size; ++i) ++want[offset + i];
+        }
+      }
+      std::vector<BufferPiece> run;
+      AppendPageRunPieces(g_, first, n, &run);
+      std::vector<uint8_t> got(g_.total_bytes(), 0);
+      for (const BufferPiece& piece : run) {
+        ASSERT_LE(piece.offset + piece.size, got.size());
+        for (uint64_t i = 0; i < piece.size; ++i) ++got[piece.offset + i];
+      }
+      EXPECT_EQ(want, got) << "pages [" << first << ", " << first + n << ")";
+      // Outside layer_first a run is one piece per plane.
+      if (n > 0 && spec_.layout != HostLayout::kLayerFirst) {
+        EXPECT_EQ(g_.kv_planes(), run.size());
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllLayouts, PageFormatTest,
                          ::testing::ValuesIn(reference::AllSmallPools(kPages)),
                          [](const ::testing::TestParamInfo<PoolSpec>& info) {
