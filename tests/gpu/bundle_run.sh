@@ -328,6 +328,7 @@ gtest_counts() {
 
 declare -A test_result
 tests_failed=0
+version_line="not run"
 torch_rc="not run"
 torch_line=""
 signal_rc="not run"
@@ -336,6 +337,9 @@ write_summary() {
   local t
   {
     echo "== machine: $machine_line"
+    echo
+    echo "== hostkvd --version (the backend it finds)"
+    echo "$version_line"
     echo
     echo "== GPU tests"
     while read -r t; do
@@ -369,6 +373,16 @@ write_summary() {
 # Limits in seconds (the deadline also bounds them all): the tests' own
 # estimates on an H200 are ~1 minute for gpu_transfer_test, seconds for the
 # others; the benchmark skips its remaining cases after --max_seconds.
+# What the daemon of the GPU image reports where a driver is (issue 41):
+# the CUDA backend, the driver's version and the devices it sees.
+run_phase hostkvd_version 15 "$bundle/bin/hostkvd" --version
+version_line="$(tail -n 1 "$logs/hostkvd_version.log" 2>/dev/null) (exit $phase_rc)"
+if ! grep -qE "backends: cpu, cuda \(CUDA runtime [0-9.]+\); driver [0-9.]+, [1-9][0-9]* device" \
+    "$logs/hostkvd_version.log"; then
+  version_line="FAIL: a GPU machine and hostkvd finds no driver or device: $version_line"
+  tests_failed=1
+fi
+
 declare -A limit=([gpu_layout_offsets_test]=30 [gpu_copy_kernels_test]=60 [gpu_transfer_test]=120)
 mkdir -p "$work/bench" "$logs/gtest"
 while read -r t; do
