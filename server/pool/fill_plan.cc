@@ -19,32 +19,19 @@ std::vector<PageRun> PlanFillChunks(uint64_t num_pages, uint64_t page_bytes,
   return chunks;
 }
 
-namespace {
-
-// The pieces of pages `run`: one range per piece of its first page when
-// every piece of the next page follows the same piece of the page before
-// (every layout today; page_scrubber.cc relies on it too), else every
-// page's pieces.
-std::vector<SegmentRange> PiecesOf(const PoolGeometry& g, const PageRun& run) {
-  std::vector<BufferPiece> pieces;
-  AppendPageRunPieces(g, run.first_page, run.num_pages, &pieces);
-  std::vector<SegmentRange> ranges;
-  ranges.reserve(pieces.size());
-  for (const BufferPiece& piece : pieces) ranges.push_back({piece.offset, piece.size});
-  return ranges;
-}
-
-}  // namespace
-
 std::vector<SegmentRange> FillChunkRanges(const PoolGeometry& g, const PageRun& run) {
   std::vector<SegmentRange> ranges;
   if (run.num_pages == 0) return ranges;
   const uint64_t total = g.total_bytes();
-  for (const SegmentRange& piece : PiecesOf(g, run)) {
-    if (piece.bytes == 0) continue;
+  // The run's pieces (one per piece of its first page in every layout
+  // today), widened to whole OS pages.
+  std::vector<BufferPiece> pieces;
+  AppendPageRunPieces(g, run.first_page, run.num_pages, &pieces);
+  for (const BufferPiece& piece : pieces) {
+    if (piece.size == 0) continue;
     const uint64_t begin = piece.offset / kOsPageBytes * kOsPageBytes;
     const uint64_t end = std::min(
-        total, (piece.offset + piece.bytes + kOsPageBytes - 1) / kOsPageBytes *
+        total, (piece.offset + piece.size + kOsPageBytes - 1) / kOsPageBytes *
                    kOsPageBytes);
     ranges.push_back({begin, end - begin});
   }

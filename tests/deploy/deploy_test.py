@@ -1284,8 +1284,7 @@ def parse_dockerfile():
         elif word == "FROM":
             parts = rest.split()
             name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None
-            stages.append({"from": expand(parts[0]), "written": parts[0], "name": name, "line": n,
-                           "ins": []})
+            stages.append({"from": expand(parts[0]), "name": name, "line": n, "ins": []})
         elif stages:
             stages[-1]["ins"].append((n, word, rest))
     by_name = {}
@@ -1330,13 +1329,15 @@ def check_dockerfile(workdir, cli):
     with open(os.path.join(SOURCE, "deploy", "install_deps.sh")) as f:
         m = re.search(r"PACKAGES=\(([^)]*)\)", f.read())
     needed = [p for p in (m.group(1).split() if m else []) if not TEST_ONLY.match(p)]
-    socket_path, cmd = None, []
+    socket_path, cmd = None, []  # the CPU image's (both share runtime-base's CMD)
     for target, build_name, cuda in IMAGE_TARGETS:
         runtime, build = stage_named(stages, target), stage_named(stages, build_name)
         if not F.check(runtime is not None and build is not None, where,
                        f"no stage {target} built from stage {build_name}"):
             continue
-        socket_path, cmd = check_image_stage(runtime, build, cuda, needed, workdir, cli)
+        listens = check_image_stage(runtime, build, cuda, needed)
+        if target == "runtime":
+            socket_path, cmd = listens
     runtime, build = stage_named(stages, "runtime"), stage_named(stages, "build")
     if runtime is None or build is None:
         return
@@ -1368,7 +1369,7 @@ def last_instruction(stage, word):
     return found[-1] if found else None
 
 
-def check_image_stage(runtime, build, cuda, needed, workdir, cli):
+def check_image_stage(runtime, build, cuda, needed):
     """One image (target stage) with the instructions it inherits; returns
     (the socket its CMD listens on, the CMD)."""
     where = f"Dockerfile: {runtime['name']}"

@@ -305,7 +305,7 @@ def drive(images, image, config, source, build, work_dir, use_podman, tag):
            for a in config.get("Cmd") or []]
     check(f"--listen=unix:{SOCKET_DIR}/hostkvd.sock" in cmd, f"CMD listens on {SOCKET_DIR}: {cmd}")
     volumes = [(sock_dir, SOCKET_DIR), ("/dev/shm", "/dev/shm")]
-    health = [a for a in config["Healthcheck"]["Test"][1:]]
+    health = config["Healthcheck"]["Test"][1:]
     containers = []
 
     def start(name, argv):

@@ -370,9 +370,6 @@ write_summary() {
   } > "$OUT/summary.txt"
 }
 
-# Limits in seconds (the deadline also bounds them all): the tests' own
-# estimates on an H200 are ~1 minute for gpu_transfer_test, seconds for the
-# others; the benchmark skips its remaining cases after --max_seconds.
 # What the daemon of the GPU image reports where a driver is (issue 41):
 # the CUDA backend, the driver's version and the devices it sees.
 run_phase hostkvd_version 15 "$bundle/bin/hostkvd" --version
@@ -383,6 +380,9 @@ if ! grep -qE "backends: cpu, cuda \(CUDA runtime [0-9.]+\); driver [0-9.]+, [1-
   tests_failed=1
 fi
 
+# Limits in seconds (the deadline also bounds them all): the tests' own
+# estimates on an H200 are ~1 minute for gpu_transfer_test, seconds for the
+# others; the benchmark skips its remaining cases after --max_seconds.
 declare -A limit=([gpu_layout_offsets_test]=30 [gpu_copy_kernels_test]=60 [gpu_transfer_test]=120)
 mkdir -p "$work/bench" "$logs/gtest"
 while read -r t; do
