@@ -41,6 +41,7 @@
 #include "server/operations/daemon_metrics.h"
 #include "server/operations/metrics_endpoint.h"
 #include "server/operations/daemon_options.h"
+#include "server/operations/descriptor_shares.h"
 #include "server/operations/flag_sources.h"
 #include "server/transfer/gpu_backend.h"
 #include "server/service/auth_token.h"
@@ -340,7 +341,8 @@ absl::Status StartServer(const DaemonOptions& o, Daemon& d) {
   // The daemon owns its listening socket (GrpcListener: it recovers from
   // running out of descriptors, and bounds each uid's connections).
   ASSIGN_OR_RETURN(d.listener,
-                   GrpcListener::Listen(o.listen, o.max_grpc_connections_per_uid));
+                   GrpcListener::Listen(o.listen, o.max_grpc_connections_per_uid,
+                                        o.max_grpc_connections));
   grpc::ServerBuilder builder;
   const int max_message = static_cast<int>(
       std::min<uint64_t>(o.limits.max_page_io_bytes + (1 << 20), INT32_MAX));
@@ -555,21 +557,33 @@ int Run() {
   absl::StatusOr<DaemonOptions> options = ReadDaemonOptions();
   if (!options.ok()) return Fail(2, options.status());
   DaemonOptions& o = *options;
-  const uint64_t files = RaiseFileLimit();
-  o.limits.max_passed_fds =
-      static_cast<uint32_t>(std::max<uint64_t>(16, std::min<uint64_t>(files / 4, 1u << 20)));
+  // What clients can make the daemon hold is shared out of its descriptor
+  // limit, so that all users together cannot take the descriptors it needs.
+  const DescriptorShares shares = ShareDescriptorLimit(RaiseFileLimit());
+  o.limits.max_passed_fds = shares.passed_fds;
   // One uid takes at most a quarter of those, whatever the flag says (a
   // small descriptor limit would leave the flag's default above the total).
   o.limits.max_passed_fds_per_uid = std::min(
       o.limits.max_passed_fds_per_uid, std::max(1u, o.limits.max_passed_fds / 4));
-  // Refused descriptors waiting to be closed, all uids: an eighth (room for
-  // two records at least). One uid holds at most what leaves another room
-  // for a record, so that no single uid's share can stall another's reads.
+  // Refused descriptors waiting to be closed, all uids: room for two
+  // records at least. One uid holds at most what leaves another room for a
+  // record, so that no single uid's share can stall another's reads.
   DescriptorCloserLimits& refused = o.connections.refused_fds;
-  refused.max_total = static_cast<size_t>(std::max<uint64_t>(
-      2 * (kMaxRecordFds + 1), std::min<uint64_t>(files / 8, 1u << 20)));
+  refused.max_total = static_cast<size_t>(shares.refused_fds);
   refused.max_per_uid =
       std::min(refused.max_per_uid, refused.max_total - (kMaxRecordFds + 1));
+  o.connections.max_connections =
+      std::min(o.connections.max_connections, shares.session_connections);
+  o.connections.max_command_rings =
+      std::min(o.connections.max_command_rings, shares.command_rings);
+  o.max_grpc_connections = shares.grpc_connections;
+  if (shares.limit < 4096) {
+    spdlog::warn("a descriptor limit of {} is low for a daemon many engines "
+                 "share (`ulimit -n`); shares {}",
+                 shares.limit, shares.ToString());
+  } else {
+    spdlog::info("descriptor shares {}", shares.ToString());
+  }
   if ((o.socket_mode & 0006) != 0 && o.quota.max_pool_bytes_per_uid == 0) {
     spdlog::warn("--socket_mode={:o} lets every local user in, and "
                  "--max_pool_bytes_per_uid is 0: any of them may take all the "

@@ -118,16 +118,20 @@ ABSL_FLAG(int, max_unattached_sessions, 64,
           "sessions without a session socket (TCP or raw gRPC clients, whose "
           "user is unknown) open at once");
 ABSL_FLAG(int, max_session_connections, 8192,
-          "connections to the session socket, all users together");
+          "connections to the session socket, all users together (and at "
+          "most a quarter of the descriptor limit; the last eighth for users "
+          "holding few)");
 ABSL_FLAG(int, max_session_connections_per_uid, 512,
           "connections to the session socket per uid");
 ABSL_FLAG(int, max_grpc_connections_per_uid, 256,
           "gRPC connections one uid may hold on the unix: socket (one more "
-          "is closed at once); 0: no bound");
+          "is closed at once); 0: no bound. All uids together: a quarter of "
+          "the descriptor limit");
 ABSL_FLAG(int, max_command_rings, 256,
-          "command rings (an engine's hot calls through shared memory, one "
-          "thread each) of all sessions together; 0: none, every call over "
-          "gRPC");
+          "command rings (an engine's hot calls through shared memory; a "
+          "uid's rings share ceil(--ring_cpu_per_uid) threads) of all "
+          "sessions together, and at most a 16th of the descriptor limit; 0: "
+          "none, every call over gRPC");
 ABSL_FLAG(absl::Duration, command_ring_spin, absl::Microseconds(250),
           "how long a command ring's thread polls after a call before it "
           "sleeps (a call to a sleeping ring pays a thread wake-up); 0: "
@@ -193,13 +197,14 @@ ABSL_FLAG(bool, dma_prefer_overlap, true,
 // Command rings and /metrics, per user (server/service/ring_quota.h,
 // server/operations/metrics_endpoint.h).
 ABSL_FLAG(int, max_command_rings_per_uid, 16,
-          "command rings one uid may hold (each: a thread and a 2 MiB "
-          "segment charged to --memory_budget); default 16");
+          "command rings one uid may hold (each a 2 MiB segment charged to "
+          "--memory_budget); default 16");
 ABSL_FLAG(std::string, ring_cpu_per_uid, "auto",
           "cores the command-ring threads of one uid may use on average "
           "(their calls and their spin); beyond it that uid's rings wait. "
-          "auto (default): a quarter of the CPUs the daemon may use, at "
-          "least 1; 0: no bound");
+          "The uid's rings are served by ceil(this) threads. auto "
+          "(default): a quarter of the CPUs the daemon may use, at least 1; "
+          "0: no bound, a thread per ring");
 ABSL_FLAG(int, metrics_connections_per_peer, 4,
           "/metrics connections open at once from one peer address; "
           "default 4");
@@ -219,7 +224,7 @@ ABSL_FLAG(int, max_refused_fds_per_uid, 1024,
 ABSL_FLAG(int, max_passed_fds_per_uid, 1024,
           "passed descriptors (kPassFd memfds) the sessions of one uid may "
           "hold together, given back when they go (default 1024, and at most "
-          "a quarter of what all uids may: a quarter of the descriptor "
+          "a quarter of what all uids may: an eighth of the descriptor "
           "limit)");
 
 // Page digests (server/README.md "Page digests").

@@ -58,6 +58,9 @@ struct DaemonOptions {
   ConnectionLimits connections;
   // --max_grpc_connections_per_uid (GrpcListener); 0: no bound.
   uint32_t max_grpc_connections_per_uid = 256;
+  // All uids' gRPC connections on the Unix socket: a share of the
+  // descriptor limit (main.cc, descriptor_shares.h); 0: no bound.
+  uint32_t max_grpc_connections = 0;
   // --namespace_release_after (ClaimSweeper's period); 0: never.
   absl::Duration namespace_release_after = absl::Seconds(60);
   PoolQuota quota;

@@ -107,24 +107,27 @@ uint64_t NowNs() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Listen(
-    const std::string& listen, uint32_t max_connections_per_uid) {
+    const std::string& listen, uint32_t max_connections_per_uid,
+    uint32_t max_connections) {
   const bool unix_socket = absl::StartsWith(listen, "unix:");
   const std::string path = unix_socket ? listen.substr(5) : "";
   absl::StatusOr<ScopedFd> fd =
       unix_socket ? ListenUnix(path) : ListenTcp(listen);
   if (!fd.ok()) return fd.status();
   return std::unique_ptr<GrpcListener>(new GrpcListener(
-      std::move(*fd), path, unix_socket, max_connections_per_uid));
+      std::move(*fd), path, unix_socket, max_connections_per_uid,
+      max_connections));
 }
 
 GrpcListener::GrpcListener(ScopedFd listener, std::string path,
-                           bool unix_socket, uint32_t max_connections_per_uid)
+                           bool unix_socket, uint32_t max_connections_per_uid,
+                           uint32_t max_connections)
     : listener_(std::move(listener)),
       wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       reserve_(open("/dev/null", O_RDONLY | O_CLOEXEC)),
       path_(std::move(path)),
       unix_socket_(unix_socket),
-      peers_(max_connections_per_uid),
+      peers_(max_connections_per_uid, max_connections),
       bound_(unix_socket_ ? IdentifyPath(path_) : BoundPath{}) {}
 
 GrpcListener::~GrpcListener() { Stop(); }
@@ -185,16 +188,27 @@ void GrpcListener::HandOver(grpc::Server* server, ScopedFd fd) {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
-    if (!peers_.Admit(cred.uid, fd.get())) {
+    const PeerConnections::Admission admission =
+        peers_.Admit(cred.uid, fd.get());
+    if (admission != PeerConnections::Admission::kAdmitted) {
       ++over_uid_bound_;
       const uint64_t now = NowNs();
       if (now - last_warning_ns_ > 1'000'000'000) {
         last_warning_ns_ = now;
-        spdlog::warn("gRPC: uid {} (pid {}) holds {} connections "
-                     "(--max_grpc_connections_per_uid={}); closed its new one "
-                     "({} closed so far)",
-                     cred.uid, cred.pid, peers_.max_per_uid(),
-                     peers_.max_per_uid(), over_uid_bound_.load());
+        if (admission == PeerConnections::Admission::kOverTotal) {
+          spdlog::warn("gRPC: {} connections are open, and the last of the {} "
+                       "the descriptor limit leaves for them are kept for "
+                       "users holding few; closed a new one of uid {} (pid "
+                       "{}) ({} closed so far)",
+                       peers_.held(), peers_.max_total(), cred.uid, cred.pid,
+                       over_uid_bound_.load());
+        } else {
+          spdlog::warn("gRPC: uid {} (pid {}) holds {} connections "
+                       "(--max_grpc_connections_per_uid={}); closed its new "
+                       "one ({} closed so far)",
+                       cred.uid, cred.pid, peers_.max_per_uid(),
+                       peers_.max_per_uid(), over_uid_bound_.load());
+        }
       }
       return;
     }

@@ -41,9 +41,12 @@ class GrpcListener {
  public:
   // Binds and listens on `listen`: "unix:PATH" (an existing socket file
   // there is replaced: the caller holds the instance lock) or "HOST:PORT"
-  // ("[::1]:PORT" for IPv6).
+  // ("[::1]:PORT" for IPv6). On a Unix socket, one uid holds at most
+  // `max_connections_per_uid` connections and all together
+  // `max_connections` (0: no bound), PeerConnections.
   static absl::StatusOr<std::unique_ptr<GrpcListener>> Listen(
-      const std::string& listen, uint32_t max_connections_per_uid);
+      const std::string& listen, uint32_t max_connections_per_uid,
+      uint32_t max_connections = 0);
 
   ~GrpcListener();  // Stop()
 
@@ -59,7 +62,7 @@ class GrpcListener {
 
  private:
   GrpcListener(ScopedFd listener, std::string path, bool unix_socket,
-               uint32_t max_connections_per_uid);
+               uint32_t max_connections_per_uid, uint32_t max_connections);
   void Run(grpc::Server* server);
   // Hands `fd` to gRPC unless its uid is at its bound.
   void HandOver(grpc::Server* server, ScopedFd fd);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/contract/status_macros.h"
+#include "server/operations/descriptor_shares.h"
 #include "server/pool/pool_access.h"
 #include "server/service/request_validation.h"
 #include "server/operations/stats_report.h"
@@ -220,6 +221,12 @@ absl::StatusOr<uint64_t> RequestHandler::AcceptPassedFd(
     return absl::ResourceExhaustedError(absl::StrCat(
         "the daemon holds ", held, " passed descriptors, the most its "
         "descriptor limit leaves room for; raise `ulimit -n` for hostkvd"));
+  }
+  if (!MayTakeShared(of_uid, held, limits_.max_passed_fds)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon holds ", held, " passed descriptors; the last of the ",
+        limits_.max_passed_fds, " it takes are kept for users holding few, "
+        "and uid ", sender.uid, " holds ", of_uid));
   }
   ASSIGN_OR_RETURN(const uint64_t handle,
                    session->AddPassedFd(std::move(fd),

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/operations/descriptor_shares.h"
+#include "server/service/ring_threads.h"
 
 namespace hostkv {
 
@@ -42,16 +44,16 @@ absl::Duration RingCpuAccount::Overdrawn() {
   return -balance_ / cores_;
 }
 
-bool RingCpuAccount::BeginCall(const absl::Notification& stop) {
+bool RingCpuAccount::BeginCall(absl::FunctionRef<bool()> stopped) {
   absl::MutexLock lock(&mu_);
   if (max_running_ != 0) {
     auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return running_ < max_running_;
     };
-    // Rechecks `stop` now and then: it is not under mu_.
+    // Asks `stopped` now and then: it is not under mu_.
     while (
         !mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(20))) {
-      if (stop.HasBeenNotified()) return false;
+      if (stopped()) return false;
     }
   }
   ++running_;
@@ -72,6 +74,7 @@ struct RingGrant::Shared {
   struct Uid {
     uint32_t rings = 0;
     std::shared_ptr<RingCpuAccount> cpu;
+    std::shared_ptr<RingThreads> threads;
   };
   absl::Mutex mu;
   uint32_t rings ABSL_GUARDED_BY(mu) = 0;
@@ -80,10 +83,12 @@ struct RingGrant::Shared {
 
 RingGrant::RingGrant(std::shared_ptr<Shared> quota, uid_t uid,
                      std::shared_ptr<RingCpuAccount> cpu,
+                     std::shared_ptr<RingThreads> threads,
                      BudgetReservation memory)
     : quota_(std::move(quota)),
       uid_(uid),
       cpu_(std::move(cpu)),
+      threads_(std::move(threads)),
       memory_(std::move(memory)) {}
 
 RingGrant& RingGrant::operator=(RingGrant&& o) noexcept {
@@ -92,6 +97,7 @@ RingGrant& RingGrant::operator=(RingGrant&& o) noexcept {
     quota_ = std::move(o.quota_);
     uid_ = o.uid_;
     cpu_ = std::move(o.cpu_);
+    threads_ = std::move(o.threads_);
     memory_ = std::move(o.memory_);
   }
   return *this;
@@ -102,12 +108,15 @@ RingGrant::~RingGrant() { GiveBack(); }
 void RingGrant::GiveBack() {
   memory_ = BudgetReservation();
   cpu_.reset();
+  threads_.reset();
   if (quota_ == nullptr) return;
+  std::shared_ptr<RingThreads> last_threads;  // joined outside the lock
   {
     absl::MutexLock lock(&quota_->mu);
     --quota_->rings;
     auto it = quota_->uids.find(uid_);
     if (it != quota_->uids.end() && --it->second.rings == 0) {
+      last_threads = std::move(it->second.threads);
       quota_->uids.erase(it);
     }
   }
@@ -136,6 +145,15 @@ absl::StatusOr<RingGrant> RingQuota::Grant(uid_t uid, uint64_t segment_bytes) {
                      " command rings, the most one user may "
                      "(--max_command_rings_per_uid); use gRPC"));
   }
+  if (limits_.max_rings != 0 &&
+      !MayTakeShared(of_uid.rings, shared_->rings, limits_.max_rings)) {
+    const uint32_t held = of_uid.rings;
+    if (held == 0) shared_->uids.erase(uid);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        shared_->rings, " command rings run; the last of the ",
+        limits_.max_rings, " this daemon serves are kept for users holding "
+        "few, and uid ", uid, " holds ", held, "; use gRPC"));
+  }
   BudgetReservation memory;
   if (budget_ != nullptr) {
     if (absl::Status s = budget_->Reserve("a command ring", segment_bytes);
@@ -148,10 +166,19 @@ absl::StatusOr<RingGrant> RingQuota::Grant(uid_t uid, uint64_t segment_bytes) {
   if (of_uid.cpu == nullptr) {
     of_uid.cpu = std::make_shared<RingCpuAccount>(limits_.cpu_per_uid,
                                                   limits_.cpu_burst);
+    // As many threads as calls the share lets run at once (0: a thread per
+    // ring where there is no bound).
+    const size_t threads =
+        limits_.cpu_per_uid > 0
+            ? static_cast<size_t>(std::ceil(limits_.cpu_per_uid))
+            : 0;
+    of_uid.threads =
+        std::make_shared<RingThreads>(threads, of_uid.cpu, limits_.spin);
   }
   ++of_uid.rings;
   ++shared_->rings;
-  return RingGrant(shared_, uid, of_uid.cpu, std::move(memory));
+  return RingGrant(shared_, uid, of_uid.cpu, of_uid.threads,
+                   std::move(memory));
 }
 
 uint32_t RingQuota::rings() const {
@@ -163,6 +190,12 @@ uint32_t RingQuota::rings_of(uid_t uid) const {
   absl::MutexLock lock(&shared_->mu);
   auto it = shared_->uids.find(uid);
   return it == shared_->uids.end() ? 0 : it->second.rings;
+}
+
+std::shared_ptr<RingThreads> RingQuota::threads_of(uid_t uid) const {
+  absl::MutexLock lock(&shared_->mu);
+  auto it = shared_->uids.find(uid);
+  return it == shared_->uids.end() ? nullptr : it->second.threads;
 }
 
 }  // namespace hostkv

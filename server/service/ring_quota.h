@@ -20,9 +20,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/pool/memory_budget.h"
 
@@ -35,6 +35,8 @@ struct RingLimits {
   double cpu_per_uid = 1.0;
   // CPU a uid may use at once above its average (a burst of calls).
   absl::Duration cpu_burst = absl::Milliseconds(50);
+  // How long a ring thread polls after a call before it sleeps.
+  absl::Duration spin = absl::Microseconds(250);
 };
 
 // One uid's ring CPU: a bucket of CPU time filled at `cpu_per_uid` cores,
@@ -56,10 +58,10 @@ class RingCpuAccount {
   absl::Duration charged() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until fewer than ceil(cores) of the uid's calls run (at once
-  // without a bound), or until `stop` is notified. Returns true if the
-  // caller may run its call, and must then call EndCall() after it; false
-  // if it stopped.
-  bool BeginCall(const absl::Notification& stop) ABSL_LOCKS_EXCLUDED(mu_);
+  // without a bound), or until `stopped()` (asked now and then) says so.
+  // Returns true if the caller may run its call, and must then call
+  // EndCall() after it; false if it stopped.
+  bool BeginCall(absl::FunctionRef<bool()> stopped) ABSL_LOCKS_EXCLUDED(mu_);
   void EndCall() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -76,9 +78,10 @@ class RingCpuAccount {
 };
 
 class RingQuota;
+class RingThreads;
 
-// One ring's place in the quota: its count, its memory reservation and its
-// uid's CPU account. Move-only; gives the count and memory back when it
+// One ring's place in the quota: its count, its memory reservation, its
+// uid's CPU account and the uid's ring threads. Move-only; gives the count and memory back when it
 // dies. A default-constructed grant counts nothing and bounds no CPU (rings
 // started by tests).
 class RingGrant {
@@ -90,17 +93,20 @@ class RingGrant {
 
   // Null for a default-constructed grant.
   RingCpuAccount* cpu() const { return cpu_.get(); }
+  const std::shared_ptr<RingThreads>& threads() const { return threads_; }
 
  private:
   friend class RingQuota;
   struct Shared;
   RingGrant(std::shared_ptr<Shared> quota, uid_t uid,
-            std::shared_ptr<RingCpuAccount> cpu, BudgetReservation memory);
+            std::shared_ptr<RingCpuAccount> cpu,
+            std::shared_ptr<RingThreads> threads, BudgetReservation memory);
   void GiveBack();
 
   std::shared_ptr<Shared> quota_;
   uid_t uid_ = 0;
   std::shared_ptr<RingCpuAccount> cpu_;
+  std::shared_ptr<RingThreads> threads_;
   BudgetReservation memory_;
 };
 
@@ -118,6 +124,8 @@ class RingQuota {
   // Rings granted and not given back, of all users / of `uid`.
   uint32_t rings() const;
   uint32_t rings_of(uid_t uid) const;
+  // The threads serving `uid`'s rings; null while it holds none.
+  std::shared_ptr<RingThreads> threads_of(uid_t uid) const;
 
  private:
   const RingLimits limits_;

@@ -1,9 +1,5 @@
 #include "server/service/ring_server.h"
 
-#include <sched.h>
-#include <time.h>
-
-#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -14,24 +10,9 @@
 namespace hostkv {
 namespace {
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // A word the client may write at any time: read once, as it is now.
 uint32_t ReadShared(const uint32_t& word) {
   return __atomic_load_n(&word, __ATOMIC_RELAXED);
-}
-
-// The calling thread's CPU time.
-absl::Duration ThreadCpuTime() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return absl::DurationFromTimespec(ts);
 }
 
 }  // namespace
@@ -47,20 +28,24 @@ absl::StatusOr<std::unique_ptr<RingServer>> RingServer::Start(
   absl::StatusOr<ShmSegment> segment = ShmSegment::CreateSealed(
       "hostkv-ring", RingSegmentBytes(slots, slot_bytes));
   if (!segment.ok()) return segment.status();
+  std::shared_ptr<RingThreads> threads = grant.threads();
   std::unique_ptr<RingServer> ring(
-      new RingServer(handler, std::move(session_id), std::move(grant), spin,
+      new RingServer(handler, std::move(session_id), std::move(grant),
                      std::move(*segment), slots, slot_bytes));
-  ring->thread_ = std::thread([r = ring.get()] { r->Loop(); });
+  if (threads == nullptr) {
+    threads = std::make_shared<RingThreads>(/*max_threads=*/0, nullptr, spin);
+    ring->own_threads_ = threads;
+  }
+  threads->Add(ring.get());
   return ring;
 }
 
 RingServer::RingServer(RequestHandler* handler, std::string session_id,
-                       RingGrant grant, absl::Duration spin, ShmSegment segment,
-                       uint32_t slots, uint32_t slot_bytes)
+                       RingGrant grant, ShmSegment segment, uint32_t slots,
+                       uint32_t slot_bytes)
     : handler_(handler),
       session_id_(std::move(session_id)),
       grant_(std::move(grant)),
-      spin_(spin),
       segment_(std::move(segment)),
       slots_(slots),
       slot_bytes_(slot_bytes) {
@@ -79,7 +64,12 @@ RingServer::RingServer(RequestHandler* handler, std::string session_id,
 
 RingServer::~RingServer() {
   Stop();
-  if (thread_.joinable()) thread_.join();
+  bool attached;
+  {
+    absl::MutexLock lock(&mu_);
+    attached = attached_;
+  }
+  if (attached) released_.WaitForNotification();
 }
 
 absl::StatusOr<ScopedFd> RingServer::ClientFd() const {
@@ -87,97 +77,40 @@ absl::StatusOr<ScopedFd> RingServer::ClientFd() const {
 }
 
 void RingServer::Stop() {
-  if (!stop_.exchange(true)) stopping_.Notify();
+  stop_.store(true, std::memory_order_release);
+  {
+    absl::MutexLock lock(&mu_);
+    if (thread_ != nullptr) RingThreads::Poke(thread_);
+  }
+  // A thread serving this ring alone sleeps on its doorbell.
   header()->doorbell.fetch_add(1, std::memory_order_seq_cst);
   FutexWakeShared(&header()->doorbell);
 }
 
-void RingServer::Loop() {
-  RingHeader* h = header();
-  auto last_call = std::chrono::steady_clock::now();
-  uint32_t polls = 0;
-  const auto spin = absl::ToChronoNanoseconds(spin_);
-  cpu_mark_ = ThreadCpuTime();
-  while (!stop_.load(std::memory_order_relaxed)) {
-    if (ServeSubmitted()) {
-      ChargeCpu(/*now_or_later=*/true);
-      last_call = std::chrono::steady_clock::now();
-      continue;
-    }
-    if (std::chrono::steady_clock::now() - last_call < spin) {
-      // On a busy machine the client may wait for this CPU.
-      if (++polls % 64 == 0) {
-        sched_yield();
-        // The spin is the uid's CPU too: once overdrawn, sleep instead.
-        ChargeCpu(/*now_or_later=*/true);
-        if (grant_.cpu() != nullptr &&
-            grant_.cpu()->Overdrawn() > absl::ZeroDuration()) {
-          last_call -= spin;
-        }
-      } else {
-        CpuRelax();
-      }
-      continue;
-    }
-    ChargeCpu();
-    // Idle: announce it, then look once more before sleeping (a client
-    // that submitted before reading daemon_idle == 0 is seen here).
-    h->daemon_idle.store(1, std::memory_order_seq_cst);
-    const uint32_t seen = h->doorbell.load(std::memory_order_seq_cst);
-    if (!ServeSubmitted() && !stop_.load()) {
-      // A bounded sleep: a client rewriting the doorbell can only delay
-      // its own ring's end.
-      FutexWaitShared(&h->doorbell, seen, absl::Seconds(1));
-    }
-    ChargeCpu();
-    h->daemon_idle.store(0, std::memory_order_seq_cst);
-    last_call = std::chrono::steady_clock::now();
-  }
+void RingServer::Attach(RingThreads::Thread* thread) {
+  absl::MutexLock lock(&mu_);
+  thread_ = thread;
+  attached_ = true;
+}
+
+void RingServer::Release() {
+  absl::MutexLock lock(&mu_);
+  thread_ = nullptr;
   ended_.store(true);
+  released_.Notify();
 }
 
-void RingServer::ChargeCpu(bool now_or_later) {
-  if (grant_.cpu() == nullptr) return;
-  // Reading the thread's CPU time is a system call: on the hot path it is
-  // read at most every kChargeEvery, the CPU used meanwhile charged then.
-  const auto wall = std::chrono::steady_clock::now();
-  if (now_or_later && wall - charged_at_ < kChargeEvery) return;
-  charged_at_ = wall;
-  const absl::Duration now = ThreadCpuTime();
-  grant_.cpu()->Charge(now - cpu_mark_);
-  cpu_mark_ = now;
+bool RingServer::Submitted(uint32_t i) const {
+  return RingSlotAt(segment_.data(), slot_bytes_, i)
+             ->state.load(std::memory_order_acquire) == kSlotSubmitted;
 }
 
-bool RingServer::WaitForCpu() {
-  if (grant_.cpu() == nullptr) return false;
-  const absl::Duration wait = grant_.cpu()->Overdrawn();
-  if (wait <= absl::ZeroDuration()) return false;
-  // The uid's rings used more than their share: this one serves nothing
-  // until the share refills. Its client's calls wait meanwhile; no other
-  // uid's do.
-  stopping_.WaitForNotificationWithTimeout(wait);
-  ChargeCpu();
-  return true;
+void RingServer::SetDaemonIdle(bool idle) const {
+  header()->daemon_idle.store(idle ? 1 : 0, std::memory_order_seq_cst);
 }
 
-bool RingServer::ServeSubmitted() {
-  bool served = false;
-  for (uint32_t i = 0; i < slots_; ++i) {
-    RingSlot* slot = RingSlotAt(segment_.data(), slot_bytes_, i);
-    if (slot->state.load(std::memory_order_acquire) != kSlotSubmitted) continue;
-    // Once per pass: the calls of one pass may overdraw the uid's share by
-    // at most the ring's slots.
-    if (!served && WaitForCpu()) return true;  // waited: look again
-    RingCpuAccount* cpu = grant_.cpu();
-    if (cpu != nullptr && !cpu->BeginCall(stopping_)) return true;  // stopped
-    Serve(slot);
-    if (cpu != nullptr) cpu->EndCall();
-    served = true;
-  }
-  return served;
-}
-
-void RingServer::Serve(RingSlot* slot) {
+void RingServer::Serve(uint32_t i) {
+  RingSlot* slot = RingSlotAt(segment_.data(), slot_bytes_, i);
   const uint64_t capacity = slot_bytes_ - sizeof(RingSlot);
   const uint32_t method = ReadShared(slot->method);
   const uint32_t length = ReadShared(slot->length);

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/operations/descriptor_shares.h"
 #include "server/operations/instance_lock.h"
 #include "spdlog/spdlog.h"
 
@@ -156,7 +157,8 @@ SessionMonitor::SessionMonitor(RequestHandler* handler, std::string socket_path,
       ring_quota_(RingLimits{.max_rings = limits.max_command_rings,
                              .max_rings_per_uid =
                                  limits.max_command_rings_per_uid,
-                             .cpu_per_uid = limits.ring_cpu_per_uid},
+                             .cpu_per_uid = limits.ring_cpu_per_uid,
+                             .spin = limits.command_ring_spin},
                   handler->budget()),
       rights_switch_(RefusesDescriptors(listener_.get())),
       closer_(limits.refused_fds),
@@ -253,6 +255,12 @@ void SessionMonitor::Accept() {
           "uid ", cred.uid, " has ", of_uid + closing, " session connections "
           "open or closing, the most --max_session_connections_per_uid "
           "allows"));
+    } else if (!MayTakeShared(of_uid + closing, connections_.size(),
+                              limits_.max_connections)) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          connections_.size(), " session connections are open; the last of "
+          "the ", limits_.max_connections, " the daemon takes are kept for "
+          "users holding few, and uid ", cred.uid, " has ", of_uid + closing));
     }
     if (!refused.ok()) {
       if (of_uid == 0) per_uid_.erase(cred.uid);
@@ -484,9 +492,12 @@ void SessionMonitor::OpenCommandRing(int fd, Connection& c) {
       return;
     }
     c.ring = std::move(*ring);
-    spdlog::info("session socket: a command ring for uid {} ({} of its own, "
-                 "{} in all)",
-                 c.uid, ring_quota_.rings_of(c.uid), ring_quota_.rings());
+    std::shared_ptr<RingThreads> threads = ring_quota_.threads_of(c.uid);
+    spdlog::info("session socket: a command ring for uid {} ({} of its own "
+                 "served by {} threads, {} in all)",
+                 c.uid, ring_quota_.rings_of(c.uid),
+                 threads != nullptr ? threads->threads() : 0,
+                 ring_quota_.rings());
   }
   absl::StatusOr<ScopedFd> ring_fd = c.ring->ClientFd();
   SessionReply reply = ReplyFor(kind, ring_fd.status());

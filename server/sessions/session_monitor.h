@@ -41,12 +41,14 @@ struct ConnectionLimits {
   // A connection that has not opened or attached a session by then is
   // closed.
   absl::Duration attach_timeout = absl::Seconds(10);
-  // Command rings (one thread each) of all connections together, and of
-  // one uid; beyond them a client asking for one is refused and stays on
-  // gRPC. A ring's segment is charged to the memory budget.
+  // Command rings of all connections together, and of one uid; beyond them
+  // a client asking for one is refused and stays on gRPC. A ring's segment
+  // is charged to the memory budget; a uid's rings share
+  // ceil(ring_cpu_per_uid) threads (server/service/ring_threads.h).
   uint32_t max_command_rings = 256;
   uint32_t max_command_rings_per_uid = 16;
-  // Cores one uid's ring threads may use on average (0: no bound).
+  // Cores one uid's ring threads may use on average (0: no bound, and a
+  // thread per ring).
   double ring_cpu_per_uid = 1.0;
   // How long a ring's thread polls after a call before it sleeps.
   absl::Duration command_ring_spin = RingServer::kDefaultSpin;

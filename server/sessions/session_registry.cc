@@ -13,6 +13,7 @@
 #include "proto/contract/op_signal.h"
 #include "proto/contract/session_socket.h"
 #include "proto/contract/status_macros.h"
+#include "server/operations/descriptor_shares.h"
 #include "spdlog/spdlog.h"
 
 namespace hostkv {
@@ -63,6 +64,12 @@ absl::Status SessionRegistry::CountOpening(
       return absl::ResourceExhaustedError(absl::StrCat(
           "uid ", peer->uid, " has ", count,
           " sessions open, the most --max_sessions_per_uid allows"));
+    }
+    if (!MayTakeShared(count, open, limits_.max_sessions)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          open, " sessions are open; the last of the ",
+          limits_.max_sessions, " --max_sessions allows are kept for users "
+          "holding few, and uid ", peer->uid, " has ", count));
     }
     ++count;
   } else {

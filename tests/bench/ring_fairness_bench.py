@@ -18,6 +18,7 @@ Needs root (the attacker runs as uid 61005 under setpriv). Prints a
 Markdown table."""
 import bench_env  # noqa: F401,E402 (first: Debian's python3, client/python, build/ defaults)
 import argparse
+import math
 import os
 import shutil
 import subprocess
@@ -142,58 +143,124 @@ def p(values, q):
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+# The control: another uid's plain process using `share` cores (1 ms busy
+# and the rest of a period asleep, in ceil(share) processes) while stdin says
+# "go". What any user of the node may take by running a program, the
+# scheduler's fairness: the daemon cannot do better for the honest user than
+# its figures beside this.
+CONTROL = r"""
+import sys, threading, time
+duty = float(sys.argv[1])
+state = {"go": False, "end": False}
+def commands():
+    for line in sys.stdin:
+        state["go"] = line.strip() == "go"
+    state["end"] = True
+threading.Thread(target=commands, daemon=True).start()
+while not state["end"]:
+    if not state["go"]:
+        time.sleep(0.01)
+        continue
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.001:
+        pass
+    if duty < 1:
+        time.sleep(0.001 * (1 - duty) / duty)
+"""
+
+
+def ring_share(flags):
+    """The cores of --ring_cpu_per_uid as the daemon reads it (auto: a
+    quarter of the CPUs it may use, at least 1)."""
+    for flag in flags:
+        if flag.startswith("--ring_cpu_per_uid=") and flag.split("=", 1)[1] != "auto":
+            return float(flag.split("=", 1)[1])
+    return max(1, len(os.sched_getaffinity(0)) // 4)
+
+
+class Others:
+    """The other uid's processes of one kind, told "go" and "stop" together."""
+
+    def __init__(self, argvs, env):
+        self.procs = [subprocess.Popen(
+            ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
+             sys.executable, "-c", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=env, cwd="/") for argv in argvs]
+
+    def tell(self, word):
+        for proc in self.procs:
+            proc.stdin.write(word + "\n")
+            proc.stdin.flush()
+
+    def cpu(self):
+        return sum(cpu_seconds(proc.pid) for proc in self.procs)
+
+    def end(self):
+        for proc in self.procs:
+            proc.stdin.close()
+        for proc in self.procs:
+            proc.wait(timeout=30)
+
+
+KINDS = ("unattacked", "control", "attacked")
+
+
 def run(name, flags, attacker_rings, env, phases, phase_seconds):
     workdir = tempfile.mkdtemp(prefix="hostkv-bench-rings-")
     os.chmod(workdir, 0o755)
     daemon, sock = start_daemon(workdir, flags)
+    share = ring_share(flags)
     try:
-        attacker = subprocess.Popen(
-            ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
-             sys.executable, "-c", ATTACKER, sock, str(attacker_rings)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
-        held = int(attacker.stdout.readline())
+        attacker = Others([(ATTACKER, sock, str(attacker_rings))], env)
+        held = int(attacker.procs[0].stdout.readline())
+        n = max(1, math.ceil(share)) if share > 0 else 1
+        control = Others([(CONTROL, str(min(1.0, share / n) if share > 0 else 1.0))] * n, env)
+        others = {"control": control, "attacked": attacker}
         with hostkv.Client("unix:" + sock, "honest") as c:
             assert c.uses_command_ring, "the honest user got no ring"
             c.create_pool(hostkv.mha_pool_spec("bench", num_layers=2, num_kv_heads=2,
                                                head_dim=8, page_size=4, capacity_tokens=4096),
                           delete_with_session=True)
             measure(c, "bench", 0.5)  # warm-up
-            quiet = {"pair": [], "stats": [], "daemon": 0.0, "attacker": 0.0, "wall": 0.0}
-            loud = {"pair": [], "stats": [], "daemon": 0.0, "attacker": 0.0, "wall": 0.0}
+            got = {kind: {"pair": [], "stats": [], "daemon": 0.0, "other": 0.0, "wall": 0.0}
+                   for kind in KINDS}
             for phase in range(phases):
-                attacking = phase % 2 == 1
-                attacker.stdin.write("go\n" if attacking else "stop\n")
-                attacker.stdin.flush()
+                kind = KINDS[phase % len(KINDS)]
+                for what, proc in others.items():
+                    proc.tell("go" if what == kind else "stop")
                 time.sleep(0.2)  # let the phase settle
-                d0, a0, t0 = cpu_seconds(daemon.pid), cpu_seconds(attacker.pid), time.monotonic()
+                other = others.get(kind)
+                d0, o0, t0 = (cpu_seconds(daemon.pid), other.cpu() if other else 0.0,
+                              time.monotonic())
                 pairs, stats = measure(c, "bench", phase_seconds)
-                into = loud if attacking else quiet
+                into = got[kind]
                 into["pair"] += pairs
                 into["stats"] += stats
                 into["daemon"] += cpu_seconds(daemon.pid) - d0
-                into["attacker"] += cpu_seconds(attacker.pid) - a0
+                into["other"] += (other.cpu() - o0) if other else 0.0
                 into["wall"] += time.monotonic() - t0
-        attacker.stdin.close()
-        attacker.wait(timeout=30)
+        attacker.end()
+        control.end()
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
-    # Cores the daemon used, unattacked and attacked (the honest calls' own
-    # cost is in both), and the attacker's own.
-    daemon_cores = (quiet["daemon"] / quiet["wall"], loud["daemon"] / loud["wall"])
-    attacker_cores = loud["attacker"] / loud["wall"]
+    # Cores the daemon used in each kind of phase (the honest calls' own
+    # cost is in all), and the other uid's own processes'.
+    cores = {kind: (got[kind]["daemon"] / got[kind]["wall"], got[kind]["other"] / got[kind]["wall"])
+             for kind in KINDS if got[kind]["wall"] > 0}
     rows = []
     for what, key in (("Alloc+Free (ring)", "pair"), ("GetPoolStats (gRPC)", "stats")):
         for q in (0.5, 0.99):
-            base, value = p(quiet[key], q), p(loud[key], q)
-            rows.append((name, held, f"{what} p{int(q * 100)}", base, value, value / base))
-    return rows, (name, held, daemon_cores, attacker_cores)
+            quiet, loaded, attacked = (p(got[kind][key], q) for kind in KINDS)
+            rows.append((name, held, f"{what} p{int(q * 100)}", quiet, loaded, attacked))
+    return rows, (name, held, share, cores)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--phases", type=int, default=6)
+    parser.add_argument("--phases", type=int, default=9,
+                        help="phases in all, unattacked, control and attacked in turn")
     parser.add_argument("--phase_seconds", type=float, default=2.0)
     parser.add_argument("--daemon_flags", default="",
                         help="extra flags of the first daemon (e.g. --ring_cpu_per_uid=0.5)")
@@ -216,16 +283,21 @@ def main():
             costs.append(cost)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"cpus: {os.cpu_count()}")
-    print("| daemon | attacker's rings | honest call | unattacked µs | attacked µs | ratio (target <= 1.5) |")
-    print("|---|---|---|---|---|---|")
-    for name, held, what, base, value, ratio in rows:
-        print(f"| {name} | {held} | {what} | {base:.0f} | {value:.0f} | {ratio:.2f} |")
+    print(f"cpus: {len(os.sched_getaffinity(0))}")
+    print("| daemon | attacker's rings | honest call | unattacked µs | beside the control µs "
+          "| attacked µs | attacked / unattacked | attacked / control (target <= 1.5) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, held, what, quiet, loaded, attacked in rows:
+        print(f"| {name} | {held} | {what} | {quiet:.0f} | {loaded:.0f} | {attacked:.0f} "
+              f"| {attacked / quiet:.2f} | {attacked / loaded:.2f} |")
     print()
-    print("| daemon | attacker's rings | daemon's cores unattacked | attacked | attacker's own cores |")
-    print("|---|---|---|---|---|")
-    for name, held, (quiet, loud), attacker_cores in costs:
-        print(f"| {name} | {held} | {quiet:.2f} | {loud:.2f} | {attacker_cores:.2f} |")
+    print("| daemon | ring share (cores) | daemon's cores unattacked | beside the control "
+          "| attacked | control's own cores | attacker's own cores |")
+    print("|---|---|---|---|---|---|---|")
+    for name, held, share, cores in costs:
+        d = {kind: cores.get(kind, (0.0, 0.0)) for kind in KINDS}
+        print(f"| {name} | {share:g} | {d['unattacked'][0]:.2f} | {d['control'][0]:.2f} "
+              f"| {d['attacked'][0]:.2f} | {d['control'][1]:.2f} | {d['attacked'][1]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds request_fuzzer and ledger_fuzzer (clang, libFuzzer, ASan + UBSan) in
-# build-fuzz; fuzzes the request layer for FUZZ_SECONDS (default 60) from a
-# copy of the seed corpus, then what a daemon adopts after a restart (edited
-# ledgers) for LEDGER_FUZZ_SECONDS (default 15).
+# Builds request_fuzzer, ledger_fuzzer and session_socket_fuzzer (clang,
+# libFuzzer, ASan + UBSan) in build-fuzz; fuzzes the request layer for
+# FUZZ_SECONDS (default 60) from a copy of the seed corpus, then what a daemon
+# adopts after a restart (edited ledgers) for LEDGER_FUZZ_SECONDS (default
+# 15), then the session socket (records, descriptors, connection bounds) for
+# SOCKET_FUZZ_SECONDS (default 15).
 #
 # usage: tests/fuzz/run_fuzzer.sh [extra libFuzzer flags...]
 #   FUZZ_SECONDS=600 tests/fuzz/run_fuzzer.sh
@@ -47,8 +49,9 @@ CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" \
   -DHOSTKV_ENABLE_CUDA=OFF \
   -DHOSTKV_BUILD_TESTS=ON >/dev/null
 
-echo "== build request_fuzzer ledger_fuzzer (-j${jobs})"
-cmake --build "${build}" --target request_fuzzer ledger_fuzzer -j"${jobs}"
+echo "== build request_fuzzer ledger_fuzzer session_socket_fuzzer (-j${jobs})"
+cmake --build "${build}" --target request_fuzzer ledger_fuzzer session_socket_fuzzer \
+  -j"${jobs}"
 
 rm -rf "${corpus}"
 mkdir -p "${corpus}" "${crashes}"
@@ -62,9 +65,9 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 # /hostkv-fuzzdev.<pid>.* (device buffers). A crashed run leaves them.
 cleanup_shm() {
   local f pid
-  for f in /dev/shm/hostkv-fuzz.* /dev/shm/hostkv-fuzzdev.*; do
+  for f in /dev/shm/hostkv-fuzz.* /dev/shm/hostkv-fuzzdev.* /dev/shm/hostkv-sfuzz.*; do
     [[ -e "${f}" ]] || continue
-    pid="${f#/dev/shm/hostkv-fuzz*.}"
+    pid="${f#/dev/shm/hostkv-*fuzz*.}"
     pid="${pid%%.*}"
     if [[ "${pid}" =~ ^[0-9]+$ ]] && ! kill -0 "${pid}" 2>/dev/null; then
       rm -f "${f}"
@@ -83,6 +86,7 @@ if ((${#saved[@]} > 0)); then
   for f in "${saved[@]}"; do
     target=request_fuzzer
     [[ "$(basename "${f}")" == ledger-* ]] && target=ledger_fuzzer
+    [[ "$(basename "${f}")" == socket-* ]] && target=session_socket_fuzzer
     if ! "${build}/tests/fuzz/${target}" "${f}" >"${build}/replay.log" 2>&1; then
       echo "FAIL: ${f} still fails:"
       grep -E 'invariant violated|ERROR|SUMMARY|what\(\)' "${build}/replay.log" | head -5
@@ -142,6 +146,26 @@ if [[ "${ledger_seconds}" != 0 ]]; then
   if ((lrc != 0)); then
     grep -vE '^#[0-9]+' "${ledger_log}" | tail -40
     echo "FAIL: ledger_fuzzer found a problem (saved in ${crashes}/ledger-*)"
+    exit 1
+  fi
+fi
+socket_seconds="${SOCKET_FUZZ_SECONDS:-15}"
+if [[ "${socket_seconds}" != 0 ]]; then
+  socket_corpus="${build}/socket-corpus"
+  socket_log="${build}/session_socket_fuzzer.log"
+  mkdir -p "${socket_corpus}"
+  echo "== fuzz the session socket for ${socket_seconds} s (log: ${socket_log})"
+  set +e
+  "${build}/tests/fuzz/session_socket_fuzzer" -max_total_time="${socket_seconds}" \
+    -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \
+    -artifact_prefix="${crashes}/socket-" "${socket_corpus}" >"${socket_log}" 2>&1
+  src=$?
+  set -e
+  cleanup_shm
+  grep -E '^Done [0-9]+ runs in' "${socket_log}" | tail -1 || true
+  if ((src != 0)); then
+    grep -vE '^#[0-9]+' "${socket_log}" | tail -40
+    echo "FAIL: session_socket_fuzzer found a problem (saved in ${crashes}/socket-*)"
     exit 1
   fi
 fi

@@ -326,8 +326,8 @@ def test_a_flood_of_refused_descriptors_behind_a_stalled_close_leaves_others_ser
 
 @pytest.fixture
 def small_descriptor_limit(tmp_path, monkeypatch):
-    """hostkvd under RLIMIT_NOFILE 1024: 256 passed-descriptor slots in all,
-    64 per uid."""
+    """hostkvd under RLIMIT_NOFILE 1024: 128 passed-descriptor slots in all
+    (an eighth, server/operations/descriptor_shares.h), 32 per uid."""
     wrapper = tmp_path / "hostkvd-1024"
     wrapper.write_text(f'#!/bin/sh\nexec prlimit --nofile=1024:1024 {hostkvd_binary()} "$@"\n')
     wrapper.chmod(0o755)
@@ -340,9 +340,9 @@ def test_one_uid_cannot_take_every_passed_descriptor_slot(small_descriptor_limit
         hoard = attacker(HOARD, daemon.sock + ".session")
         try:
             result = read_json(hoard)
-            # A quarter of the 256 slots; before: all 256, and the
-            # bystander's pass refused.
-            assert result["taken"] == 64, result
+            # A quarter of the 128 slots; before the per-uid bound: all of
+            # them, and the bystander's pass refused.
+            assert result["taken"] == 32, result
             assert result["refusal"][0] == RESOURCE_EXHAUSTED
             assert "--max_passed_fds_per_uid" in result["refusal"][1], result
             a_bystander_is_served(daemon)
@@ -352,7 +352,7 @@ def test_one_uid_cannot_take_every_passed_descriptor_slot(small_descriptor_limit
         def takes_all_again():
             again = attacker(HOARD, daemon.sock + ".session")
             try:
-                return read_json(again)["taken"] == 64
+                return read_json(again)["taken"] == 32
             finally:
                 let_go(again)
         assert wait_until(takes_all_again, seconds=30)

@@ -7,6 +7,9 @@ uid against a real hostkvd.
   back when its session goes.
 - Re-marking ring slots "submitted" (a 4-byte store each) makes the daemon
   spend at most --ring_cpu_per_uid cores on that uid.
+- A uid's rings are served by ceil(--ring_cpu_per_uid) threads however many
+  it opens, so it cannot have more runnable threads in the daemon than cores
+  in its share; they end with its rings.
 - Idle TCP connections to /metrics do not keep a scrape from being answered;
   one peer address holds at most --metrics_connections_per_peer of them.
 - /metrics' namespace and pool labels are keyed hashes: without the key no
@@ -250,6 +253,40 @@ def test_resubmitting_slots_costs_the_daemon_no_more_than_the_uids_cpu_share(oth
         # burst; the rest is the victim's calls and the daemon's own.
         assert used < share * seconds + 0.6, (used, out)
         assert d.process.poll() is None
+    finally:
+        d.stop()
+
+
+def daemon_threads(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def kernel_waits_on_many():
+    """Whether futex_waitv (Linux 5.16) exists: without it a thread per ring."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(449, None, 0, 0, None, 1)  # SYS_futex_waitv on x86-64
+    return ctypes.get_errno() != 38  # ENOSYS
+
+
+@pytest.mark.parametrize("share,threads", [("1", 1), ("2", 2), ("0", 16)])
+def test_a_uids_rings_run_on_as_many_threads_as_cores_in_its_share(other_env, share, threads):
+    if share != "0" and not kernel_waits_on_many():
+        pytest.skip("no futex_waitv: the daemon serves each ring on its own thread")
+    d = shared_daemon(f"--ring_cpu_per_uid={share}")
+    try:
+        before = daemon_threads(d.process.pid)
+        taker, got = take_rings(other_env, d, 16)
+        try:
+            assert got["rings"] == 16, got
+            assert daemon_threads(d.process.pid) - before == threads
+        finally:
+            let_go(taker)
+        # The threads end with the rings.
+        deadline = time.monotonic() + 10
+        while daemon_threads(d.process.pid) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemon_threads(d.process.pid) == before
     finally:
         d.stop()
 

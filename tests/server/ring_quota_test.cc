@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -122,10 +123,10 @@ TEST(RingCpuAccountTest, RefillsAtItsRateUpToTheBurst) {
 TEST(RingCpuAccountTest, OneCoreRunsOneCallAtOnce) {
   RingCpuAccount account(1.0, absl::Milliseconds(20));
   absl::Notification stop;
-  ASSERT_TRUE(account.BeginCall(stop));
+  ASSERT_TRUE(account.BeginCall([&] { return stop.HasBeenNotified(); }));
   std::atomic<bool> second{false};
   std::thread other([&] {
-    if (account.BeginCall(stop)) {
+    if (account.BeginCall([&] { return stop.HasBeenNotified(); })) {
       second = true;
       account.EndCall();
     }
@@ -140,8 +141,8 @@ TEST(RingCpuAccountTest, OneCoreRunsOneCallAtOnce) {
 TEST(RingCpuAccountTest, AWaitingCallEndsWhenTheRingStops) {
   RingCpuAccount account(0.5, absl::Milliseconds(20));
   absl::Notification stop;
-  ASSERT_TRUE(account.BeginCall(stop));
-  std::thread other([&] { EXPECT_FALSE(account.BeginCall(stop)); });
+  ASSERT_TRUE(account.BeginCall([&] { return stop.HasBeenNotified(); }));
+  std::thread other([&] { EXPECT_FALSE(account.BeginCall([&] { return stop.HasBeenNotified(); })); });
   stop.Notify();
   other.join();
   account.EndCall();
@@ -152,8 +153,8 @@ TEST(RingCpuAccountTest, ZeroCoresIsNoBound) {
   account.Charge(absl::Seconds(10));
   EXPECT_EQ(absl::ZeroDuration(), account.Overdrawn());
   absl::Notification stop;
-  EXPECT_TRUE(account.BeginCall(stop));
-  EXPECT_TRUE(account.BeginCall(stop));  // calls at once: no bound either
+  EXPECT_TRUE(account.BeginCall([&] { return stop.HasBeenNotified(); }));
+  EXPECT_TRUE(account.BeginCall([&] { return stop.HasBeenNotified(); }));  // calls at once: no bound either
   EXPECT_EQ(absl::Seconds(10), account.charged());
 }
 
