@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fuzzer/FuzzedDataProvider.h>
 #include <memory>
@@ -50,6 +52,24 @@ constexpr uint32_t kMaxConnectionsPerUid = 4;  // all of this process' own
 constexpr size_t kClientConnections = 8;       // some are refused
 constexpr int kMaxOps = 24;
 
+// What the inputs did (HOSTKV_FUZZ_STATS=1 prints it at exit).
+struct Stats {
+  uint64_t connects = 0, records = 0, descriptors = 0, replies = 0,
+           closed_by_daemon = 0;
+  ~Stats() {
+    if (std::getenv("HOSTKV_FUZZ_STATS") == nullptr) return;
+    std::fprintf(stderr,
+                 "connections %lu, records %lu with %lu descriptors, replies "
+                 "%lu, connections the daemon closed %lu\n",
+                 static_cast<unsigned long>(connects),
+                 static_cast<unsigned long>(records),
+                 static_cast<unsigned long>(descriptors),
+                 static_cast<unsigned long>(replies),
+                 static_cast<unsigned long>(closed_by_daemon));
+  }
+};
+Stats stats;
+
 ConnectionLimits MonitorLimits() {
   ConnectionLimits limits;
   limits.max_connections = kMaxConnections;
@@ -63,6 +83,22 @@ ConnectionLimits MonitorLimits() {
   limits.refused_fds.max_per_uid = 2 * (kMaxRecordFds + 1);
   limits.refused_fds.max_total = 3 * (kMaxRecordFds + 1);
   return limits;
+}
+
+// What /proc/self/fd shows, for the report.
+std::string DescribeDescriptors() {
+  std::string all;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return all;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    char target[256] = {};
+    const std::string link = absl::StrCat("/proc/self/fd/", e->d_name);
+    if (readlink(link.c_str(), target, sizeof(target) - 1) < 0) continue;
+    absl::StrAppend(&all, " ", e->d_name, "=", target);
+  }
+  closedir(dir);
+  return all;
 }
 
 int OpenDescriptors() {
@@ -86,7 +122,7 @@ struct Daemon {
         transfers(1, /*metrics=*/nullptr),
         handler(MakeLimits(prefix), &budget, &pools, &sessions, &transfers) {
     mkdir(dir.c_str(), 0700);
-    socket_path = dir + "/hostkvd.sock";
+    socket_path = dir + "/hostkvd.sock" + kSessionSocketSuffix;
     auto started = SessionMonitor::Start(&handler, socket_path, 0600, -1,
                                          absl::Seconds(30), MonitorLimits());
     FUZZ_CHECK(started.ok(), started.status().ToString());
@@ -95,7 +131,7 @@ struct Daemon {
 
   std::string prefix;
   std::string dir;
-  std::string socket_path;
+  std::string socket_path;  // the session socket's
   MemoryBudget budget;
   PoolRegistry pools;
   SessionRegistry sessions;
@@ -113,8 +149,7 @@ ScopedFd Connect(const std::string& socket_path) {
   ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string path = socket_path + kSessionSocketSuffix;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return ScopedFd();
   }
@@ -187,8 +222,12 @@ bool Drain(int conn, absl::Duration wait) {
     SessionReply reply{};
     ReceivedRecord got = ReceiveRecord(conn, &reply, sizeof(reply),
                                        /*dont_wait=*/true);
-    if (got.bytes == 0) return false;
+    if (got.bytes == 0) {
+      ++stats.closed_by_daemon;
+      return false;
+    }
     if (got.bytes < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    ++stats.replies;
   }
 }
 
@@ -205,7 +244,9 @@ bool Eventually(Done done) {
 
 void RunOne(const uint8_t* data, size_t size) {
   Daemon& d = TheDaemon();
-  static const int baseline = OpenDescriptors();
+  // Per input: between inputs libFuzzer may start a symbolizer (pipes to
+  // it) to name newly covered functions.
+  const int baseline = OpenDescriptors();
   FuzzedDataProvider fdp(data, size);
   std::vector<ScopedFd> conns;
   for (int op = 0; op < kMaxOps && fdp.remaining_bytes() > 0; ++op) {
@@ -213,7 +254,10 @@ void RunOne(const uint8_t* data, size_t size) {
       case 0:
         if (conns.size() < kClientConnections) {
           ScopedFd c = Connect(d.socket_path);
-          if (c.get() >= 0) conns.push_back(std::move(c));
+          if (c.get() >= 0) {
+            ++stats.connects;
+            conns.push_back(std::move(c));
+          }
         }
         break;
       case 1: {  // a record
@@ -244,6 +288,8 @@ void RunOne(const uint8_t* data, size_t size) {
         if (count == 3) count = fdp.ConsumeIntegralInRange<size_t>(2, kMaxRecordFds);
         const std::vector<ScopedFd> fds =
             MakeDescriptors(fdp.ConsumeIntegralInRange<int>(0, 3), count);
+        ++stats.records;
+        stats.descriptors += fds.size();
         if (!Send(conns[i].get(), m, length, fds) ||
             !Drain(conns[i].get(), absl::Milliseconds(50))) {
           conns.erase(conns.begin() + static_cast<long>(i));
@@ -276,7 +322,8 @@ void RunOne(const uint8_t* data, size_t size) {
   FUZZ_CHECK(Eventually([&] { return d.sessions.List().empty(); }),
              d.sessions.List().size(), " sessions still open");
   FUZZ_CHECK(Eventually([&] { return OpenDescriptors() <= baseline; }),
-             OpenDescriptors(), " descriptors open, ", baseline, " before");
+             OpenDescriptors(), " descriptors open, ", baseline,
+             " before:", DescribeDescriptors());
 }
 
 }  // namespace
