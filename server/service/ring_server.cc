@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<RingServer>> RingServer::Start(
     threads = std::make_shared<RingThreads>(/*max_threads=*/0, nullptr, spin);
     ring->own_threads_ = threads;
   }
+  ring->threads_ = threads.get();
   threads->Add(ring.get());
   return ring;
 }
@@ -69,7 +70,7 @@ RingServer::~RingServer() {
     absl::MutexLock lock(&mu_);
     attached = attached_;
   }
-  if (attached) released_.WaitForNotification();
+  if (attached) threads_->AwaitReleased(this);
 }
 
 absl::StatusOr<ScopedFd> RingServer::ClientFd() const {
@@ -94,10 +95,11 @@ void RingServer::Attach(RingThreads::Thread* thread) {
 }
 
 void RingServer::Release() {
-  absl::MutexLock lock(&mu_);
-  thread_ = nullptr;
-  ended_.store(true);
-  released_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    thread_ = nullptr;
+  }
+  threads_->MarkReleased(this);  // the last the thread touches of it
 }
 
 bool RingServer::Submitted(uint32_t i) const {

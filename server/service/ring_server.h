@@ -16,7 +16,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/contract/command_ring.h"
 #include "proto/contract/shm_segment.h"
@@ -73,6 +72,8 @@ class RingServer {
   void Release() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  friend class RingThreads;
+
   RingServer(RequestHandler* handler, std::string session_id, RingGrant grant,
              ShmSegment segment, uint32_t slots, uint32_t slot_bytes);
   RingHeader* header() const {
@@ -92,7 +93,11 @@ class RingServer {
   RingThreads::Thread* thread_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> ended_{false};
-  absl::Notification released_;
+  // The threads that serve it; they outlive it (grant_ or own_threads_).
+  RingThreads* threads_ = nullptr;
+  // Its thread let it go. Under threads_'s mutex, not the ring's own: the
+  // thread is still unlocking that when the ring's destructor may go on.
+  bool released_ = false;
   std::atomic<uint64_t> calls_{0};
   // The thread of a ring started without a grant's threads (tests); joined
   // after the destructor has waited for released_.

@@ -333,6 +333,21 @@ void RingThreads::Add(RingServer* ring) {
   threads_.push_back(std::make_unique<Thread>(this, ring));
 }
 
+void RingThreads::MarkReleased(RingServer* ring) {
+  absl::MutexLock lock(&mu_);
+  ring->released_ = true;
+  ring->ended_.store(true);
+}
+
+void RingThreads::AwaitReleased(RingServer* ring) {
+  absl::MutexLock lock(&mu_);
+  // released_ is guarded by mu_ (a field of another class).
+  auto released = [ring]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return ring->released_;
+  };
+  mu_.Await(absl::Condition(&released));
+}
+
 size_t RingThreads::threads() const {
   absl::MutexLock lock(&mu_);
   size_t n = 0;

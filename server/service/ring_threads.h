@@ -51,6 +51,10 @@ class RingThreads {
   // Starts serving `ring` (which must stay alive until its thread lets it
   // go: RingServer::Stop, then RingServer::ended()).
   void Add(RingServer* ring) ABSL_LOCKS_EXCLUDED(mu_);
+  // A ring's thread let it go / its destructor waits for that
+  // (RingServer::Release, ~RingServer).
+  void MarkReleased(RingServer* ring) ABSL_LOCKS_EXCLUDED(mu_);
+  void AwaitReleased(RingServer* ring) ABSL_LOCKS_EXCLUDED(mu_);
   // Threads running now (tests, logs).
   size_t threads() const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -30,6 +30,17 @@ import hostkv
 
 OTHER_UID = 61005
 
+# The other uid's scripts' control: `state["go"]` while stdin's last line
+# says "go"; `state["end"]` at EOF.
+COMMANDS = r"""
+state = {"go": False, "end": False}
+def commands():
+    for line in sys.stdin:
+        state["go"] = line.strip() == "go"
+    state["end"] = True
+threading.Thread(target=commands, daemon=True).start()
+"""
+
 # The attacker: opens `count` rings (as many as it is given), fills every
 # slot with the largest Lookup a slot holds, then marks every answered slot
 # "submitted" again (writing back the request's first 256 bytes, which the
@@ -62,12 +73,7 @@ for i in range(count):
     doorbell = ctypes.c_uint32.from_buffer(mm, 16)
     rings.append((s, mm, doorbell, ctypes.c_void_p(ctypes.addressof(doorbell))))
 print(len(rings), flush=True)
-state = {"go": False, "end": False}
-def commands():
-    for line in sys.stdin:
-        state["go"] = line.strip() == "go"
-    state["end"] = True
-threading.Thread(target=commands, daemon=True).start()
+""" + COMMANDS + r"""
 length, head = len(payload).to_bytes(4, "little"), payload[:256]
 while not state["end"]:
     if not state["go"]:
@@ -151,12 +157,7 @@ def p(values, q):
 CONTROL = r"""
 import sys, threading, time
 duty = float(sys.argv[1])
-state = {"go": False, "end": False}
-def commands():
-    for line in sys.stdin:
-        state["go"] = line.strip() == "go"
-    state["end"] = True
-threading.Thread(target=commands, daemon=True).start()
+""" + COMMANDS + r"""
 while not state["end"]:
     if not state["go"]:
         time.sleep(0.01)

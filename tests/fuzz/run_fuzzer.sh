@@ -130,45 +130,30 @@ if ((rc != 0 || after > before)); then
   echo "Replay: ${build}/tests/fuzz/request_fuzzer <file>"
   exit 1
 fi
-ledger_seconds="${LEDGER_FUZZ_SECONDS:-15}"
-if [[ "${ledger_seconds}" != 0 ]]; then
-  ledger_corpus="${build}/ledger-corpus"
-  ledger_log="${build}/ledger_fuzzer.log"
-  mkdir -p "${ledger_corpus}"
-  echo "== fuzz adopted ledgers for ${ledger_seconds} s (log: ${ledger_log})"
+# Runs fuzzer $1 for $2 s (0: not at all) on its own corpus; saved inputs
+# are prefixed $3; $4 says what it fuzzes.
+fuzz_more() {
+  local target="$1" secs="$2" prefix="$3" what="$4"
+  [[ "${secs}" != 0 ]] || return 0
+  local more_corpus="${build}/${prefix}corpus" more_log="${build}/${target}.log" rc
+  mkdir -p "${more_corpus}"
+  echo "== fuzz ${what} for ${secs} s (log: ${more_log})"
   set +e
-  "${build}/tests/fuzz/ledger_fuzzer" -max_total_time="${ledger_seconds}" \
+  "${build}/tests/fuzz/${target}" -max_total_time="${secs}" \
     -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \
-    -artifact_prefix="${crashes}/ledger-" "${ledger_corpus}" >"${ledger_log}" 2>&1
-  lrc=$?
-  set -e
-  grep -E '^Done [0-9]+ runs in' "${ledger_log}" | tail -1 || true
-  if ((lrc != 0)); then
-    grep -vE '^#[0-9]+' "${ledger_log}" | tail -40
-    echo "FAIL: ledger_fuzzer found a problem (saved in ${crashes}/ledger-*)"
-    exit 1
-  fi
-fi
-socket_seconds="${SOCKET_FUZZ_SECONDS:-15}"
-if [[ "${socket_seconds}" != 0 ]]; then
-  socket_corpus="${build}/socket-corpus"
-  socket_log="${build}/session_socket_fuzzer.log"
-  mkdir -p "${socket_corpus}"
-  echo "== fuzz the session socket for ${socket_seconds} s (log: ${socket_log})"
-  set +e
-  "${build}/tests/fuzz/session_socket_fuzzer" -max_total_time="${socket_seconds}" \
-    -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \
-    -artifact_prefix="${crashes}/socket-" "${socket_corpus}" >"${socket_log}" 2>&1
-  src=$?
+    -artifact_prefix="${crashes}/${prefix}" "${more_corpus}" >"${more_log}" 2>&1
+  rc=$?
   set -e
   cleanup_shm
-  grep -E '^Done [0-9]+ runs in' "${socket_log}" | tail -1 || true
-  if ((src != 0)); then
-    grep -vE '^#[0-9]+' "${socket_log}" | tail -40
-    echo "FAIL: session_socket_fuzzer found a problem (saved in ${crashes}/socket-*)"
+  grep -E '^Done [0-9]+ runs in' "${more_log}" | tail -1 || true
+  if ((rc != 0)); then
+    grep -vE '^#[0-9]+' "${more_log}" | tail -40
+    echo "FAIL: ${target} found a problem (saved in ${crashes}/${prefix}*)"
     exit 1
   fi
-fi
+}
+fuzz_more ledger_fuzzer "${LEDGER_FUZZ_SECONDS:-15}" ledger- "adopted ledgers"
+fuzz_more session_socket_fuzzer "${SOCKET_FUZZ_SECONDS:-15}" socket- "the session socket"
 if ((replay_failed)); then
   echo "FAIL: no new crash in ${seconds} s, but a saved input still fails (above)"
   exit 1

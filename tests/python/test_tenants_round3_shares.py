@@ -114,7 +114,10 @@ def test_uids_pooling_their_shares_leave_room_for_a_new_user(descriptor_limit_40
         # Session-socket connections: a quarter of 4096 (1024); 256 sessions
         # per uid; past 896 only uids holding fewer than 16 (1024 / 64).
         assert [g["sessions"] for g in got] == [256, 256, 256, 128] + [16] * 4, got
-        assert "kept for users holding few" in got[3]["refusal"], got
+        # Refused at accept: the reply names why, unless the daemon's close
+        # (the record it did not read) reset the connection first.
+        assert ("kept for users holding few" in got[3]["refusal"]
+                or "reset by peer" in got[3]["refusal"]), got
         # gRPC connections: a quarter too; 256 per uid.
         assert [g["grpc"] for g in got] == [256, 256, 256, 128] + [16] * 4, got
         assert sessions <= 1024 and grpc <= 1024, got

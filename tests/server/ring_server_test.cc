@@ -314,6 +314,9 @@ TEST_F(RingServerTest, ResubmissionsAreBoundByTheUidsCpuShare) {
   auto grant = quota.Grant(4242, RingSegmentBytes(kRingSlots, kRingSlotBytes));
   ASSERT_OK(grant);
   RingCpuAccount* account = grant->cpu();
+  // A second grant of the uid keeps its account once the ring is gone.
+  auto keep = quota.Grant(4242, 0);
+  ASSERT_OK(keep);
   Start(kRingSlots, kRingSlotBytes, std::move(*grant));
   // The largest Lookup a slot holds: thousands of keys to parse and hash.
   v1::LookupRequest lookup;
