@@ -49,8 +49,7 @@ uint32_t PeerConnections::CountOf(uid_t uid) const {
 
 uint32_t PeerConnections::Open(uid_t uid) {
   Recount(uid);
-  auto it = count_.find(uid);
-  return it == count_.end() ? 0 : it->second;
+  return CountOf(uid);
 }
 
 PeerConnections::Admission PeerConnections::Admit(uid_t uid, int fd) {

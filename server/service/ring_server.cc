@@ -65,12 +65,7 @@ RingServer::RingServer(RequestHandler* handler, std::string session_id,
 
 RingServer::~RingServer() {
   Stop();
-  bool attached;
-  {
-    absl::MutexLock lock(&mu_);
-    attached = attached_;
-  }
-  if (attached) threads_->AwaitReleased(this);
+  threads_->AwaitReleased(this);  // Start handed it to threads_
 }
 
 absl::StatusOr<ScopedFd> RingServer::ClientFd() const {
@@ -91,7 +86,6 @@ void RingServer::Stop() {
 void RingServer::Attach(RingThreads::Thread* thread) {
   absl::MutexLock lock(&mu_);
   thread_ = thread;
-  attached_ = true;
 }
 
 void RingServer::Release() {

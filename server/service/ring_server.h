@@ -91,16 +91,14 @@ class RingServer {
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;
   RingThreads::Thread* thread_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  // Its thread let it go. Set under threads_'s mutex, not the ring's own:
+  // the thread is still unlocking that when the ring's destructor may go on.
   std::atomic<bool> ended_{false};
   // The threads that serve it; they outlive it (grant_ or own_threads_).
   RingThreads* threads_ = nullptr;
-  // Its thread let it go. Under threads_'s mutex, not the ring's own: the
-  // thread is still unlocking that when the ring's destructor may go on.
-  bool released_ = false;
   std::atomic<uint64_t> calls_{0};
   // The thread of a ring started without a grant's threads (tests); joined
-  // after the destructor has waited for released_.
+  // after the destructor has waited for ended_.
   std::shared_ptr<RingThreads> own_threads_;
 };
 

@@ -335,16 +335,13 @@ void RingThreads::Add(RingServer* ring) {
 
 void RingThreads::MarkReleased(RingServer* ring) {
   absl::MutexLock lock(&mu_);
-  ring->released_ = true;
   ring->ended_.store(true);
 }
 
 void RingThreads::AwaitReleased(RingServer* ring) {
   absl::MutexLock lock(&mu_);
-  // released_ is guarded by mu_ (a field of another class).
-  auto released = [ring]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return ring->released_;
-  };
+  // ended_ is set under mu_ (MarkReleased).
+  auto released = [ring] { return ring->ended(); };
   mu_.Await(absl::Condition(&released));
 }
 
